@@ -1,0 +1,463 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Condition types a ShardTopology reports. Ready, Reconciling and Stalled
+// follow the kstatus convention so GitOps tools (Argo CD, Flux) can tell a
+// finished rollout from one in progress or one that cannot proceed.
+const (
+	// ConditionReady is True when the active epoch equals the spec, every
+	// unit is owned by exactly one member and nothing is in progress.
+	ConditionReady = "Ready"
+	// ConditionReconciling is True while the operator still has work to do
+	// to make the world match the spec.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True when the operator cannot make progress
+	// without a change from a person: a bad spec, a missing secret, a
+	// version floor that is not met.
+	ConditionStalled = "Stalled"
+	// ConditionVersionFloorMet is True when the latest census saw every NATS
+	// server that matters at or above spec.nats.versionFloor.
+	ConditionVersionFloorMet = "VersionFloorMet"
+	// ConditionRolloutPaused is True while spec.rollout.paused or the
+	// paused annotation holds the rollout between steps.
+	ConditionRolloutPaused = "RolloutPaused"
+)
+
+// Condition reasons. Each is CamelCase and says why a condition has its
+// status; a dashboard can group on them.
+const (
+	// ReasonFirstSeen marks conditions set before the first reconcile did
+	// any work, so a new object never reads as healthy.
+	ReasonFirstSeen = "FirstSeen"
+	// ReasonSpecValid means every check of the spec against the world passed.
+	ReasonSpecValid = "SpecValid"
+	// ReasonInvalidSpec means the spec breaks a rule the API server could not
+	// check (the message names the field).
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonSecretNotFound means a referenced Secret does not exist.
+	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonSecretKeyMissing means a referenced Secret lacks the named key.
+	ReasonSecretKeyMissing = "SecretKeyMissing"
+	// ReasonWorkloadNotFound means spec.workload names no StatefulSet.
+	ReasonWorkloadNotFound = "WorkloadNotFound"
+	// ReasonNotImplemented means the spec is valid but this operator build
+	// does not yet perform the work that would make the topology Ready.
+	ReasonNotImplemented = "NotImplemented"
+	// ReasonPaused means the rollout is held by spec or annotation.
+	ReasonPaused = "Paused"
+	// ReasonNotPaused means nothing holds the rollout.
+	ReasonNotPaused = "NotPaused"
+	// ReasonCensusPending means no census has been taken yet.
+	ReasonCensusPending = "CensusPending"
+	// ReasonReconcileError means a step failed with an error that a retry
+	// may fix; the message carries the error.
+	ReasonReconcileError = "ReconcileError"
+)
+
+// PausedAnnotation pauses a rollout between steps when set to "true", like
+// spec.rollout.paused but without a spec change (useful under GitOps).
+const PausedAnnotation = "topology.shardkeeper.dev/paused"
+
+// Phase is a one-word summary of where a ShardTopology stands.
+// +kubebuilder:validation:Enum=Pending;Provisioning;RollingOut;Ready;Paused;Stalled;Deleting
+type Phase string
+
+// Phases of a ShardTopology.
+const (
+	PhasePending      Phase = "Pending"
+	PhaseProvisioning Phase = "Provisioning"
+	PhaseRollingOut   Phase = "RollingOut"
+	PhaseReady        Phase = "Ready"
+	PhasePaused       Phase = "Paused"
+	PhaseStalled      Phase = "Stalled"
+	PhaseDeleting     Phase = "Deleting"
+)
+
+// ShardAssignment says who decides which shard a row belongs to.
+// +kubebuilder:validation:Enum=Publisher;SubjectTransform
+type ShardAssignment string
+
+const (
+	// ShardAssignmentPublisher means publishers put the shard in the subject
+	// (<prefix>.ingest.<p>.<s>.>).
+	ShardAssignmentPublisher ShardAssignment = "Publisher"
+	// ShardAssignmentSubjectTransform means the operator owns a stream
+	// subject transform that maps rows to shards with NATS's partition()
+	// function.
+	ShardAssignmentSubjectTransform ShardAssignment = "SubjectTransform"
+)
+
+// ShardTopologySpec declares the shard topology of one ingest fleet: N
+// partitions times V shards per partition, the NATS servers and registry that
+// carry it, the worker pods that consume it, and how changes roll out.
+//
+// +kubebuilder:validation:XValidation:rule="self.partitions * self.shardsPerPartition <= 65536",message="partitions x shardsPerPartition must be at most 65536 units",fieldPath=".shardsPerPartition"
+type ShardTopologySpec struct {
+	// Partitions is N, the number of partition streams. Each partition is
+	// one JetStream stream. Changing it rolls out a new topology epoch.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +required
+	Partitions int32 `json:"partitions"`
+
+	// ShardsPerPartition is V, the number of shards in every partition. Each
+	// (partition, shard) pair is a unit with its own durable consumer and
+	// exactly one owning worker. Changing it rolls out a new topology epoch.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +required
+	ShardsPerPartition int32 `json:"shardsPerPartition"`
+
+	// NATS says where the streams live and how to reach them.
+	// +required
+	NATS NATSSpec `json:"nats"`
+
+	// Registry says where the PostgreSQL ownership registry lives.
+	// +required
+	Registry RegistrySpec `json:"registry"`
+
+	// Workload names the worker pods that consume the units.
+	// +required
+	Workload WorkloadSpec `json:"workload"`
+
+	// Rollout tunes how changes of the topology and of the worker pods are
+	// rolled out.
+	// +kubebuilder:default={}
+	// +optional
+	Rollout RolloutSpec `json:"rollout,omitempty"`
+}
+
+// NATSSpec says where the JetStream streams live, how to reach them, and the
+// lowest server version that may take part in RESET-based takeover.
+//
+// +kubebuilder:validation:XValidation:rule="self.subjectPrefix == oldSelf.subjectPrefix",message="subjectPrefix is immutable: changing it would orphan every stream and consumer",fieldPath=".subjectPrefix"
+// +kubebuilder:validation:XValidation:rule="self.consumerName == oldSelf.consumerName",message="consumerName is immutable: changing it would orphan every unit consumer and its ack floor",fieldPath=".consumerName"
+// +kubebuilder:validation:XValidation:rule="self.shardAssignment == oldSelf.shardAssignment",message="shardAssignment is immutable: rows already stored were routed under the old rule",fieldPath=".shardAssignment"
+type NATSSpec struct {
+	// URLs of NATS servers to connect to, as nats://, tls://, ws:// or
+	// wss:// URLs. One is enough; the client learns the rest of the cluster.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.all(u, isURL(u) && url(u).getScheme() in ['nats', 'tls', 'ws', 'wss'] && url(u).getHostname() != '')",message="every URL must be nats://, tls://, ws:// or wss:// with a host, e.g. nats://nats.ingest.svc:4222"
+	// +listType=atomic
+	// +required
+	URLs []string `json:"urls"`
+
+	// CredentialsSecretRef names the Secret key holding the NATS credentials
+	// (a .creds file) of the account that owns the streams. Omit it for a
+	// server without authentication.
+	// +optional
+	CredentialsSecretRef *SecretKeyRef `json:"credentialsSecretRef,omitempty"`
+
+	// SystemCredentialsSecretRef names the Secret key holding credentials of
+	// a system-account user. The census needs them to ask every server for
+	// its version; without them no server can be seen, the census fails
+	// closed, and RESET-based takeover is never allowed.
+	// +optional
+	SystemCredentialsSecretRef *SecretKeyRef `json:"systemCredentialsSecretRef,omitempty"`
+
+	// TLSSecretRef names a Secret with ca.crt and, for mutual TLS, tls.crt
+	// and tls.key.
+	// +optional
+	TLSSecretRef *SecretRef `json:"tlsSecretRef,omitempty"`
+
+	// SubjectPrefix starts every subject and, upper-cased, every stream name:
+	// stream <PREFIX>_INGEST_<p> holds subjects <prefix>.ingest.<p>.>.
+	// Immutable.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9][a-z0-9_-]{0,31}$`
+	// +kubebuilder:default=shardkeeper
+	// +optional
+	SubjectPrefix string `json:"subjectPrefix,omitempty"`
+
+	// ConsumerName starts the durable name of every unit consumer:
+	// <consumerName>_<p>_<s>. Immutable.
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$`
+	// +kubebuilder:default=ingest
+	// +optional
+	ConsumerName string `json:"consumerName,omitempty"`
+
+	// Replicas is the number of JetStream replicas of every stream and unit
+	// consumer. It cannot exceed the number of servers in the cluster.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=5
+	// +kubebuilder:default=3
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// PinnedTTL is how long a unit consumer keeps its pinned client without
+	// hearing from it (the priority group's priority_timeout).
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('24h')",message="must be a duration above 0s and at most 24h, e.g. 30s"
+	// +kubebuilder:default="2m"
+	// +optional
+	PinnedTTL *metav1.Duration `json:"pinnedTTL,omitempty"`
+
+	// AckWait is how long a delivered row may stay unacknowledged before
+	// NATS redelivers it. Takeover without RESET waits this long.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('24h')",message="must be a duration above 0s and at most 24h, e.g. 30s"
+	// +kubebuilder:default="30s"
+	// +optional
+	AckWait *metav1.Duration `json:"ackWait,omitempty"`
+
+	// VersionFloor is the lowest NATS server version allowed to host a unit
+	// consumer or belong to the cluster when RESET-based takeover is used.
+	// RESET additionally needs 2.14.0 on every server, whatever the floor.
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="isSemver(self, true)",message="must be a semantic version such as 2.14.0"
+	// +kubebuilder:validation:XValidation:rule="!isSemver(self, true) || semver(self, true).compareTo(semver('2.11.0')) >= 0",message="must be at least 2.11.0: pinned priority groups and UNPIN need it"
+	// +kubebuilder:default="2.14.0"
+	// +optional
+	VersionFloor string `json:"versionFloor,omitempty"`
+
+	// ShardAssignment says who picks a row's shard: the Publisher puts it in
+	// the subject, or the operator owns a SubjectTransform using NATS's
+	// partition() function. Immutable.
+	// +kubebuilder:default=Publisher
+	// +optional
+	ShardAssignment ShardAssignment `json:"shardAssignment,omitempty"`
+}
+
+// RegistrySpec says where the PostgreSQL ownership registry lives.
+type RegistrySpec struct {
+	// DSNSecretRef names the Secret key holding the PostgreSQL connection
+	// string (postgres://user:password@host:5432/db?sslmode=require). The
+	// operator migrates the schema at start.
+	// +required
+	DSNSecretRef SecretKeyRef `json:"dsnSecretRef"`
+}
+
+// WorkloadSpec names the worker pods.
+type WorkloadSpec struct {
+	// StatefulSetName is the StatefulSet, in the ShardTopology's namespace,
+	// whose pods are the workers. The operator rolls its pods one at a time,
+	// so its update strategy should be OnDelete.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +required
+	StatefulSetName string `json:"statefulSetName"`
+}
+
+// RolloutSpec tunes rollouts.
+//
+// +kubebuilder:validation:XValidation:rule="duration(self.renewInterval) + duration(self.renewInterval) <= duration(self.leaseTTL)",message="renewInterval must be at most half of leaseTTL, so one late renewal does not lose the lease",fieldPath=".renewInterval"
+type RolloutSpec struct {
+	// Paused holds the rollout before its next step. Units keep flowing;
+	// nothing new is started. The annotation topology.shardkeeper.dev/paused
+	// set to "true" does the same.
+	// +kubebuilder:default=false
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// DrainTimeout bounds how long a handover waits for delivered rows to
+	// settle before it releases the unit anyway; unsettled rows are then
+	// redelivered to the next owner.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('1h')",message="must be a duration above 0s and at most 1h, e.g. 30s"
+	// +kubebuilder:default="30s"
+	// +optional
+	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
+
+	// LeaseTTL is how long a worker's lease lasts without renewal. After it
+	// lapses (plus a grace) another worker may adopt the units.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('10m')",message="must be a duration from 1s to 10m, e.g. 15s"
+	// +kubebuilder:default="15s"
+	// +optional
+	LeaseTTL *metav1.Duration `json:"leaseTTL,omitempty"`
+
+	// RenewInterval is how often a worker renews its lease. It must be at
+	// most half of leaseTTL.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms') && duration(self) <= duration('5m')",message="must be a duration from 100ms to 5m, e.g. 5s"
+	// +kubebuilder:default="5s"
+	// +optional
+	RenewInterval *metav1.Duration `json:"renewInterval,omitempty"`
+
+	// MaxPodsAtOnce is how many worker pods a pod-by-pod roll restarts at
+	// once.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	// +kubebuilder:default=1
+	// +optional
+	MaxPodsAtOnce int32 `json:"maxPodsAtOnce,omitempty"`
+}
+
+// SecretKeyRef names one key of a Secret in the ShardTopology's namespace.
+type SecretKeyRef struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +required
+	Name string `json:"name"`
+
+	// Key within the Secret's data.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +required
+	Key string `json:"key"`
+}
+
+// SecretRef names a Secret in the ShardTopology's namespace.
+type SecretRef struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +required
+	Name string `json:"name"`
+}
+
+// TopologyEpoch is one numbered version of (N, V).
+type TopologyEpoch struct {
+	// Number grows by one with every topology change.
+	Number int64 `json:"number"`
+	// Partitions is N under this epoch.
+	Partitions int32 `json:"partitions"`
+	// ShardsPerPartition is V under this epoch.
+	ShardsPerPartition int32 `json:"shardsPerPartition"`
+}
+
+// UnitCounts counts the units of the active epoch by ownership.
+type UnitCounts struct {
+	// Total is N x V of the active epoch.
+	Total int32 `json:"total"`
+	// Owned units have exactly one valid claim.
+	Owned int32 `json:"owned"`
+	// Unowned units have no valid claim.
+	Unowned int32 `json:"unowned"`
+	// MultiplyOwned units have more than one valid claim. Anything but 0 is
+	// a broken promise and a bug.
+	MultiplyOwned int32 `json:"multiplyOwned"`
+}
+
+// CensusStatus is the operator's latest reading of NATS server versions.
+type CensusStatus struct {
+	// ObservedAt is when the census was taken.
+	// +optional
+	ObservedAt *metav1.Time `json:"observedAt,omitempty"`
+	// Servers is how many servers the census expected to see.
+	Servers int32 `json:"servers"`
+	// MinVersion is the lowest version seen ("unknown" when a server that
+	// should have answered did not).
+	// +optional
+	MinVersion string `json:"minVersion,omitempty"`
+	// BelowFloor names the servers below spec.nats.versionFloor, unknown
+	// ones included.
+	// +optional
+	// +listType=atomic
+	BelowFloor []string `json:"belowFloor,omitempty"`
+}
+
+// RolloutStatus says how far the current rollout has come.
+type RolloutStatus struct {
+	// Kind is what is rolling: a Topology change or a Pods roll.
+	// +optional
+	Kind string `json:"kind,omitempty"`
+	// Step is the step in progress, e.g. Freeze, Activate, Retire.
+	// +optional
+	Step string `json:"step,omitempty"`
+	// PodsDone is how many pods the roll has finished.
+	PodsDone int32 `json:"podsDone"`
+	// PodsTotal is how many pods the roll covers.
+	PodsTotal int32 `json:"podsTotal"`
+	// UnitsMoved is how many units have changed owner so far.
+	UnitsMoved int32 `json:"unitsMoved"`
+	// UnitsToMove is how many units the rollout moves in all.
+	UnitsToMove int32 `json:"unitsToMove"`
+	// StartedAt is when the rollout began.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+}
+
+// ShardTopologyStatus is what the operator observed, as of
+// observedGeneration.
+type ShardTopologyStatus struct {
+	// ObservedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Phase is a one-word summary: Pending, Provisioning, RollingOut, Ready,
+	// Paused, Stalled or Deleting.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// Progress is a short human-readable account of the rollout, e.g.
+	// "pods 1/3, units 12/64".
+	// +optional
+	Progress string `json:"progress,omitempty"`
+
+	// ActiveEpoch is the topology epoch workers place units under.
+	// +optional
+	ActiveEpoch *TopologyEpoch `json:"activeEpoch,omitempty"`
+
+	// TargetEpoch is the epoch being rolled out, when one is.
+	// +optional
+	TargetEpoch *TopologyEpoch `json:"targetEpoch,omitempty"`
+
+	// Units counts the active epoch's units by ownership.
+	// +optional
+	Units *UnitCounts `json:"units,omitempty"`
+
+	// Census is the latest reading of NATS server versions.
+	// +optional
+	Census *CensusStatus `json:"census,omitempty"`
+
+	// Rollout is the progress of the current rollout, when one runs.
+	// +optional
+	Rollout *RolloutStatus `json:"rollout,omitempty"`
+
+	// Conditions: Ready, Reconciling, Stalled, VersionFloorMet,
+	// RolloutPaused.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// ShardTopology declares the shard topology of one ingest fleet reading NATS
+// JetStream, and reports how far the operator has brought the world to it.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=st;shardtopo,categories=shardkeeper
+// +kubebuilder:printcolumn:name="N",type=integer,JSONPath=`.spec.partitions`,description="Partitions"
+// +kubebuilder:printcolumn:name="V",type=integer,JSONPath=`.spec.shardsPerPartition`,description="Shards per partition"
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Progress",type=string,JSONPath=`.status.progress`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ShardTopology struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the desired topology.
+	// +required
+	Spec ShardTopologySpec `json:"spec"`
+
+	// Status is the observed state.
+	// +optional
+	Status ShardTopologyStatus `json:"status,omitempty"`
+}
+
+// ShardTopologyList is a list of ShardTopology.
+//
+// +kubebuilder:object:root=true
+type ShardTopologyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ShardTopology `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ShardTopology{}, &ShardTopologyList{})
+}

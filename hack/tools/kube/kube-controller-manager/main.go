@@ -1,0 +1,14 @@
+// Command kube-controller-manager is the upstream controller manager, built
+// from its Go module; the end-to-end tests need its StatefulSet controller.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewControllerManagerCommand()))
+}

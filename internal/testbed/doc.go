@@ -1,0 +1,63 @@
+// Package testbed holds what tests and the demo need to start real parts on
+// loopback: a throwaway PostgreSQL (pgtest), in-process and separate-process
+// NATS servers (natstest) and an envtest control plane built from source
+// (kubetest). Each subpackage starts, hands over addresses, and stops; none
+// of them knows anything about shardkeeper's own logic.
+package testbed
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+)
+
+// FreePort returns a loopback TCP port that was free a moment ago. Another
+// process may take it before the caller binds it; callers that start servers
+// retry on a bind failure.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// RepoRoot finds the module root (the directory holding go.mod with the
+// shardkeeper module) from the working directory upwards, so tests in any
+// package can find hack/ and config/.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && isRootModule(b) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no shardkeeper go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func isRootModule(gomod []byte) bool {
+	const want = "module github.com/shardkeeper/shardkeeper\n"
+	return len(gomod) >= len(want) && string(gomod[:len(want)]) == want
+}
+
+// CacheDir is where built binaries and other slow-to-make assets live,
+// outside any clone: $SHARDKEEPER_CACHE, else the user cache directory.
+func CacheDir() (string, error) {
+	if d := os.Getenv("SHARDKEEPER_CACHE"); d != "" {
+		return d, nil
+	}
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("find cache directory: %w", err)
+	}
+	return filepath.Join(base, "shardkeeper"), nil
+}

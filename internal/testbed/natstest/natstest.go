@@ -1,0 +1,217 @@
+// Package natstest starts NATS JetStream servers for tests: in-process
+// servers from github.com/nats-io/nats-server/v2 (1 or 3, clustered), each
+// with an application account and a system account user, on random loopback
+// ports with temporary storage.
+//
+// It owns server lifecycles and connection helpers; what is provisioned on
+// the servers belongs to internal/natsops and its tests.
+package natstest
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
+)
+
+// Cluster is a set of in-process servers forming one JetStream cluster (or
+// a single server when it has one member).
+type Cluster struct {
+	Name    string
+	Servers []*server.Server
+	Configs []ServerConfig
+
+	tb  testing.TB
+	dir string
+}
+
+// StartCluster starts n in-process servers (n = 1 gives a lone server
+// without a cluster block), waits until JetStream answers, and shuts them
+// down when the test ends.
+func StartCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	c := &Cluster{Name: "C" + strings.ToUpper(fmt.Sprintf("%x", time.Now().UnixNano()&0xffffff)), tb: tb, dir: tb.TempDir()}
+	c.Configs = Configs(tb, c.Name, c.dir, n)
+	for _, cfg := range c.Configs {
+		c.Servers = append(c.Servers, startServer(tb, cfg, c.dir))
+	}
+	tb.Cleanup(c.Shutdown)
+	c.WaitJetStream(30 * time.Second)
+	return c
+}
+
+// Configs returns the configurations of an n-server cluster named name,
+// with free ports and stores under dir.
+func Configs(tb testing.TB, name, dir string, n int) []ServerConfig {
+	tb.Helper()
+	ports := make([]int, n)
+	clusterPorts := make([]int, n)
+	for i := range n {
+		ports[i], clusterPorts[i] = freePort(tb), freePort(tb)
+	}
+	cfgs := make([]ServerConfig, n)
+	for i := range n {
+		cfgs[i] = ServerConfig{
+			Name:     fmt.Sprintf("%s-n%d", name, i+1),
+			Port:     ports[i],
+			StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+		}
+		if n > 1 {
+			cfgs[i].ClusterName = name
+			cfgs[i].ClusterPort = clusterPorts[i]
+			for j := range n {
+				if j != i {
+					cfgs[i].Routes = append(cfgs[i].Routes, clusterPorts[j])
+				}
+			}
+		}
+	}
+	return cfgs
+}
+
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	p, err := testbed.FreePort()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+// startServer writes cfg to a file, loads it the way nats-server does and
+// starts the server in this process.
+func startServer(tb testing.TB, cfg ServerConfig, dir string) *server.Server {
+	tb.Helper()
+	path := filepath.Join(dir, cfg.Name+".conf")
+	if err := os.WriteFile(path, []byte(cfg.Render()), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		tb.Fatalf("load %s: %v", path, err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		tb.Fatalf("create server %s: %v", cfg.Name, err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(20 * time.Second) {
+		tb.Fatalf("server %s not ready for connections", cfg.Name)
+	}
+	return s
+}
+
+// URLs are the client URLs of every server, without credentials.
+func (c *Cluster) URLs() []string {
+	urls := make([]string, len(c.Configs))
+	for i, cfg := range c.Configs {
+		urls[i] = fmt.Sprintf("nats://127.0.0.1:%d", cfg.Port)
+	}
+	return urls
+}
+
+// URL is every server's client URL joined with commas, as nats.Connect
+// takes them.
+func (c *Cluster) URL() string { return strings.Join(c.URLs(), ",") }
+
+// Connect connects as the application user to server i (all servers when i
+// is negative) and closes the connection when the test ends.
+func (c *Cluster) Connect(i int, opts ...nats.Option) *nats.Conn {
+	return c.connect(i, AppUser, AppPassword, opts)
+}
+
+// ConnectSys connects as the system account user.
+func (c *Cluster) ConnectSys(i int, opts ...nats.Option) *nats.Conn {
+	return c.connect(i, SysUser, SysPassword, opts)
+}
+
+func (c *Cluster) connect(i int, user, pass string, opts []nats.Option) *nats.Conn {
+	c.tb.Helper()
+	u := c.URL()
+	if i >= 0 {
+		u = c.URLs()[i]
+	}
+	opts = append([]nats.Option{nats.UserInfo(user, pass), nats.Name(c.tb.Name())}, opts...)
+	nc, err := nats.Connect(u, opts...)
+	if err != nil {
+		c.tb.Fatalf("connect as %s to %s: %v", user, u, err)
+	}
+	c.tb.Cleanup(nc.Close)
+	return nc
+}
+
+// UserURL returns server i's URL with user and password embedded, for
+// programs that take only a URL.
+func UserURL(raw, user, pass string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.User = url.UserPassword(user, pass)
+	return u.String()
+}
+
+// WaitJetStream waits until every server's JetStream is enabled and, in a
+// cluster, a meta leader is elected and known to all.
+func (c *Cluster) WaitJetStream(timeout time.Duration) {
+	c.tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if c.jetStreamReady() {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	c.tb.Fatalf("JetStream of cluster %s not ready within %s", c.Name, timeout)
+}
+
+func (c *Cluster) jetStreamReady() bool {
+	leaders := 0
+	for _, s := range c.Servers {
+		if s == nil || !s.Running() {
+			continue
+		}
+		if !s.JetStreamEnabled() {
+			return false
+		}
+		if len(c.Servers) == 1 {
+			return true
+		}
+		if s.JetStreamIsLeader() {
+			leaders++
+		}
+		if !s.JetStreamIsCurrent() {
+			return false
+		}
+	}
+	return leaders == 1
+}
+
+// Shutdown stops every running server.
+func (c *Cluster) Shutdown() {
+	for _, s := range c.Servers {
+		if s != nil {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
+	}
+}
+
+// Restart stops server i and starts it again with the same configuration
+// and store, then waits for JetStream.
+func (c *Cluster) Restart(i int) {
+	c.tb.Helper()
+	c.Servers[i].Shutdown()
+	c.Servers[i].WaitForShutdown()
+	c.Servers[i] = startServer(c.tb, c.Configs[i], c.dir)
+	c.WaitJetStream(30 * time.Second)
+}
