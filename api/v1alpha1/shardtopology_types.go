@@ -191,7 +191,8 @@ type NATSSpec struct {
 	// PinnedTTL is how long a unit consumer keeps its pinned client without
 	// hearing from it (the priority group's priority_timeout).
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('24h')",message="must be a duration above 0s and at most 24h, e.g. 30s"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a duration such as 30s, 1m30s or 500ms"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) > duration('0s') && duration(self) <= duration('24h'))",message="must be a duration above 0s and at most 24h, e.g. 30s"
 	// +kubebuilder:default="2m"
 	// +optional
 	PinnedTTL *metav1.Duration `json:"pinnedTTL,omitempty"`
@@ -199,7 +200,8 @@ type NATSSpec struct {
 	// AckWait is how long a delivered row may stay unacknowledged before
 	// NATS redelivers it. Takeover without RESET waits this long.
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('24h')",message="must be a duration above 0s and at most 24h, e.g. 30s"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a duration such as 30s, 1m30s or 500ms"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) > duration('0s') && duration(self) <= duration('24h'))",message="must be a duration above 0s and at most 24h, e.g. 30s"
 	// +kubebuilder:default="30s"
 	// +optional
 	AckWait *metav1.Duration `json:"ackWait,omitempty"`
@@ -208,8 +210,8 @@ type NATSSpec struct {
 	// consumer or belong to the cluster when RESET-based takeover is used.
 	// RESET additionally needs 2.14.0 on every server, whatever the floor.
 	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:XValidation:rule="isSemver(self, true)",message="must be a semantic version such as 2.14.0"
-	// +kubebuilder:validation:XValidation:rule="!isSemver(self, true) || semver(self, true).compareTo(semver('2.11.0')) >= 0",message="must be at least 2.11.0: pinned priority groups and UNPIN need it"
+	// +kubebuilder:validation:XValidation:rule="isSemver(self.startsWith('v') ? self.substring(1) : self)",message="must be a semantic version such as 2.14.0 (a leading v is allowed)"
+	// +kubebuilder:validation:XValidation:rule="!isSemver(self.startsWith('v') ? self.substring(1) : self) || semver(self.startsWith('v') ? self.substring(1) : self).compareTo(semver('2.11.0')) >= 0",message="must be at least 2.11.0: pinned priority groups and UNPIN need it"
 	// +kubebuilder:default="2.14.0"
 	// +optional
 	VersionFloor string `json:"versionFloor,omitempty"`
@@ -245,7 +247,10 @@ type WorkloadSpec struct {
 
 // RolloutSpec tunes rollouts.
 //
-// +kubebuilder:validation:XValidation:rule="duration(self.renewInterval) + duration(self.renewInterval) <= duration(self.leaseTTL)",message="renewInterval must be at most half of leaseTTL, so one late renewal does not lose the lease",fieldPath=".renewInterval"
+// The rule spells out the field defaults because the API server checks the
+// schema's own default ({}) before nested defaults are filled in.
+//
+// +kubebuilder:validation:XValidation:rule="![has(self.renewInterval) ? self.renewInterval : '5s', has(self.leaseTTL) ? self.leaseTTL : '15s'].all(d, d.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')) || duration(has(self.renewInterval) ? self.renewInterval : '5s') + duration(has(self.renewInterval) ? self.renewInterval : '5s') <= duration(has(self.leaseTTL) ? self.leaseTTL : '15s')",message="renewInterval must be at most half of leaseTTL, so one late renewal does not lose the lease",fieldPath=".renewInterval"
 type RolloutSpec struct {
 	// Paused holds the rollout before its next step. Units keep flowing;
 	// nothing new is started. The annotation topology.shardkeeper.dev/paused
@@ -258,7 +263,8 @@ type RolloutSpec struct {
 	// settle before it releases the unit anyway; unsettled rows are then
 	// redelivered to the next owner.
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('1h')",message="must be a duration above 0s and at most 1h, e.g. 30s"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a duration such as 30s, 1m30s or 500ms"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) > duration('0s') && duration(self) <= duration('1h'))",message="must be a duration above 0s and at most 1h, e.g. 30s"
 	// +kubebuilder:default="30s"
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
@@ -266,7 +272,8 @@ type RolloutSpec struct {
 	// LeaseTTL is how long a worker's lease lasts without renewal. After it
 	// lapses (plus a grace) another worker may adopt the units.
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('10m')",message="must be a duration from 1s to 10m, e.g. 15s"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a duration such as 30s, 1m30s or 500ms"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('10m'))",message="must be a duration from 1s to 10m, e.g. 15s"
 	// +kubebuilder:default="15s"
 	// +optional
 	LeaseTTL *metav1.Duration `json:"leaseTTL,omitempty"`
@@ -274,7 +281,8 @@ type RolloutSpec struct {
 	// RenewInterval is how often a worker renews its lease. It must be at
 	// most half of leaseTTL.
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms') && duration(self) <= duration('5m')",message="must be a duration from 100ms to 5m, e.g. 5s"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a duration such as 30s, 1m30s or 500ms"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) >= duration('100ms') && duration(self) <= duration('5m'))",message="must be a duration from 100ms to 5m, e.g. 5s"
 	// +kubebuilder:default="5s"
 	// +optional
 	RenewInterval *metav1.Duration `json:"renewInterval,omitempty"`
