@@ -1,0 +1,350 @@
+// Package kubelet is a small test kubelet: it runs one local process per
+// pod of the envtest API server, reports the pod Running and Ready from the
+// process's /readyz endpoint, restarts a process that dies, and on deletion
+// sends SIGTERM, waits out the grace period, sends SIGKILL and removes the
+// pod. It lets end-to-end tests run real worker processes under a real
+// StatefulSet controller without a container runtime.
+//
+// It owns process lifecycles and pod status; what the processes do is the
+// caller's business.
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
+)
+
+// NodeName is the node every pod is bound to. Binding matters: the API
+// server deletes unbound pods at once, skipping the grace period the
+// handover tests need.
+const NodeName = "testbed-node"
+
+// Kubelet runs the pods of one namespace.
+type Kubelet struct {
+	// Client reaches the API server.
+	Client kubernetes.Interface
+	// Namespace whose pods this kubelet runs.
+	Namespace string
+	// Images maps a container image to the local binary that runs it.
+	Images map[string]string
+	// ProbeAddrEnv names the environment variable through which a process
+	// learns the address its /readyz endpoint must listen on.
+	ProbeAddrEnv string
+	// Env returns extra environment for a pod's process.
+	Env func(pod *corev1.Pod) []string
+	// Output, when set, returns the writer for a pod's process output. It
+	// must be safe for concurrent use.
+	Output func(pod string) io.Writer
+
+	mu    sync.Mutex
+	procs map[types.UID]*proc
+}
+
+type proc struct {
+	pod      string
+	uid      types.UID
+	addr     string
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	restarts int32
+	stopping bool
+}
+
+// Run reconciles pods with processes until ctx ends, then kills every
+// process it started.
+func (k *Kubelet) Run(ctx context.Context) error {
+	k.procs = map[types.UID]*proc{}
+	if err := k.ensureNode(ctx); err != nil {
+		return err
+	}
+	defer k.killAll()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := k.syncOnce(ctx); err != nil && ctx.Err() == nil {
+			// The API server may be briefly unavailable; keep going.
+			_ = err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func (k *Kubelet) ensureNode(ctx context.Context) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: NodeName}}
+	_, err := k.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create node %s: %w", NodeName, err)
+	}
+	return nil
+}
+
+func (k *Kubelet) syncOnce(ctx context.Context) error {
+	pods, err := k.Client.CoreV1().Pods(k.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if err := k.syncPod(ctx, pod); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("sync pod %s: %w", pod.Name, err)
+		}
+	}
+	return nil
+}
+
+// syncPod moves one pod one step: bind, start, report, stop.
+func (k *Kubelet) syncPod(ctx context.Context, pod *corev1.Pod) error {
+	switch {
+	case pod.DeletionTimestamp != nil:
+		return k.terminate(ctx, pod)
+	case pod.Spec.NodeName == "":
+		return k.bind(ctx, pod)
+	}
+	p := k.get(pod.UID)
+	if p == nil {
+		var err error
+		if p, err = k.start(pod); err != nil {
+			return err
+		}
+	}
+	select {
+	case <-p.exited:
+		// Restart policy Always, as a StatefulSet's pods have.
+		restarts := p.restarts + 1
+		np, err := k.start(pod)
+		if err != nil {
+			return err
+		}
+		np.restarts = restarts
+		p = np
+	default:
+	}
+	return k.reportStatus(ctx, pod, p, ready(p.addr))
+}
+
+func (k *Kubelet) bind(ctx context.Context, pod *corev1.Pod) error {
+	b := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: NodeName},
+	}
+	return k.Client.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{})
+}
+
+func (k *Kubelet) start(pod *corev1.Pod) (*proc, error) {
+	if len(pod.Spec.Containers) != 1 {
+		return nil, fmt.Errorf("pod %s has %d containers; the test kubelet runs exactly one", pod.Name, len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
+	bin, ok := k.Images[c.Image]
+	if !ok {
+		return nil, fmt.Errorf("pod %s: no local binary for image %q", pod.Name, c.Image)
+	}
+	port, err := testbed.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	cmd := exec.Command(bin, append(append([]string{}, c.Command...), c.Args...)...)
+	cmd.Env = append(containerEnv(pod, &c), "POD_NAME="+pod.Name, "POD_NAMESPACE="+pod.Namespace, k.ProbeAddrEnv+"="+addr)
+	if k.Env != nil {
+		cmd.Env = append(cmd.Env, k.Env(pod)...)
+	}
+	if k.Output != nil {
+		out := k.Output(pod.Name)
+		cmd.Stdout, cmd.Stderr = out, out
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s for pod %s: %w", bin, pod.Name, err)
+	}
+	p := &proc{pod: pod.Name, uid: pod.UID, addr: addr, cmd: cmd, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.exited) }()
+	k.mu.Lock()
+	k.procs[pod.UID] = p
+	k.mu.Unlock()
+	return p, nil
+}
+
+// containerEnv resolves the container's literal values and the pod-name
+// field reference; other sources are not supported by this kubelet.
+func containerEnv(pod *corev1.Pod, c *corev1.Container) []string {
+	var env []string
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env = append(env, e.Name+"="+e.Value)
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+			env = append(env, e.Name+"="+pod.Name)
+		}
+	}
+	return env
+}
+
+func ready(addr string) bool {
+	c := http.Client{Timeout: 500 * time.Millisecond}
+	resp, err := c.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// reportStatus writes Running and the Ready condition when they changed.
+func (k *Kubelet) reportStatus(ctx context.Context, pod *corev1.Pod, p *proc, isReady bool) error {
+	status := corev1.ConditionFalse
+	if isReady {
+		status = corev1.ConditionTrue
+	}
+	cur := podCondition(pod, corev1.PodReady)
+	if pod.Status.Phase == corev1.PodRunning && cur != nil && cur.Status == status &&
+		len(pod.Status.ContainerStatuses) == 1 && pod.Status.ContainerStatuses[0].RestartCount == p.restarts {
+		return nil
+	}
+	now := metav1.Now()
+	pod = pod.DeepCopy()
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.PodIP, pod.Status.HostIP = "127.0.0.1", "127.0.0.1"
+	if pod.Status.StartTime == nil {
+		pod.Status.StartTime = &now
+	}
+	pod.Status.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.ContainersReady, Status: status, LastTransitionTime: now},
+		{Type: corev1.PodReady, Status: status, LastTransitionTime: now},
+	}
+	c := pod.Spec.Containers[0]
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: c.Name, Image: c.Image, Ready: isReady, RestartCount: p.restarts, Started: ptr.To(true),
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+	}}
+	_, err := k.Client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil // next tick sees the fresh object
+	}
+	return err
+}
+
+func podCondition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == t {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// terminate stops a deleted pod's process the way a kubelet does, then
+// removes the pod object so its controller can replace it.
+func (k *Kubelet) terminate(ctx context.Context, pod *corev1.Pod) error {
+	if p := k.markStopping(pod.UID); p != nil {
+		grace := 30 * time.Second
+		if pod.DeletionGracePeriodSeconds != nil {
+			grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+		}
+		go stopProcess(p, grace)
+		return nil
+	}
+	if p := k.get(pod.UID); p != nil {
+		select {
+		case <-p.exited:
+		default:
+			return nil // still within its grace period
+		}
+		k.mu.Lock()
+		delete(k.procs, pod.UID)
+		k.mu.Unlock()
+	}
+	err := k.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: ptr.To[int64](0),
+		Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+	})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+func stopProcess(p *proc, grace time.Duration) {
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a paused process cannot handle SIGTERM
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// markStopping flags the pod's process as stopping and returns it, or nil
+// when there is none or it was already flagged.
+func (k *Kubelet) markStopping(uid types.UID) *proc {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p := k.procs[uid]
+	if p == nil || p.stopping {
+		return nil
+	}
+	p.stopping = true
+	return p
+}
+
+func (k *Kubelet) get(uid types.UID) *proc {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.procs[uid]
+}
+
+// Signal sends sig to the process of the named pod (SIGKILL, SIGSTOP and
+// SIGCONT are the usual faults).
+func (k *Kubelet) Signal(pod string, sig syscall.Signal) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range k.procs {
+		if p.pod == pod && !p.stopping {
+			return p.cmd.Process.Signal(sig)
+		}
+	}
+	return fmt.Errorf("no running process for pod %s", pod)
+}
+
+// Addr is the probe address of the named pod's process: its /readyz and
+// /metrics live there.
+func (k *Kubelet) Addr(pod string) (string, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range k.procs {
+		if p.pod == pod && !p.stopping {
+			return p.addr, true
+		}
+	}
+	return "", false
+}
+
+func (k *Kubelet) killAll() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range k.procs {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
