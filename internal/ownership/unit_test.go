@@ -1,0 +1,118 @@
+package ownership
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func TestParseUnitAcceptsCanonicalNames(t *testing.T) {
+	tests := []struct {
+		name string
+		want Unit
+	}{
+		{"0.0", Unit{0, 0}},
+		{"3.11", Unit{3, 11}},
+		{"10.0", Unit{10, 0}},
+		{"1023.1023", Unit{1023, 1023}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseUnit(tt.name)
+			if err != nil || got != tt.want {
+				t.Fatalf("ParseUnit(%q) = %v, %v; want %v", tt.name, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseUnitRejectsOtherSpellings(t *testing.T) {
+	tests := []struct {
+		name, input, mention string
+	}{
+		{"empty", "", "want <partition>.<shard>"},
+		{"no dot", "311", "want <partition>.<shard>"},
+		{"empty partition", ".3", "empty"},
+		{"empty shard", "3.", "empty"},
+		{"leading zero in partition", "03.1", "leading zero"},
+		{"leading zero in shard", "3.01", "leading zero"},
+		{"double zero", "00.1", "leading zero"},
+		{"minus sign", "-1.2", "not a digit"},
+		{"plus sign", "+1.2", "not a digit"},
+		{"leading space", " 1.2", "not a digit"},
+		{"trailing space", "1.2 ", "not a digit"},
+		{"third part", "1.2.3", "not a digit"},
+		{"letters", "a.b", "not a digit"},
+		{"partition out of range", "1024.0", "out of range"},
+		{"shard out of range", "0.1024", "out of range"},
+		{"huge number", "99999999999999999999999.1", "out of range"},
+		{"unicode digit", "١.2", "not a digit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseUnit(tt.input)
+			if !errors.Is(err, ErrBadUnitName) {
+				t.Fatalf("ParseUnit(%q) error = %v, want ErrBadUnitName", tt.input, err)
+			}
+			if !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("ParseUnit(%q) error %q does not say %q", tt.input, err, tt.mention)
+			}
+		})
+	}
+}
+
+// TestUnitNameRoundTrips checks that every unit's name parses back to it.
+func TestUnitNameRoundTrips(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		u := Unit{rapid.IntRange(0, MaxPartitions-1).Draw(t, "p"), rapid.IntRange(0, MaxShards-1).Draw(t, "s")}
+		got, err := ParseUnit(u.String())
+		if err != nil || got != u {
+			t.Fatalf("ParseUnit(%q) = %v, %v", u.String(), got, err)
+		}
+	})
+}
+
+func TestUnitJSONUsesNames(t *testing.T) {
+	in := map[Unit]string{{3, 11}: "w-0"}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != `{"3.11":"w-0"}` {
+		t.Fatalf("json = %s", b)
+	}
+	var out map[Unit]string
+	if err := json.Unmarshal(b, &out); err != nil || out[Unit{3, 11}] != "w-0" {
+		t.Fatalf("decoded %v, %v", out, err)
+	}
+	if err := json.Unmarshal([]byte(`{"03.11":"w-0"}`), &out); !errors.Is(err, ErrBadUnitName) {
+		t.Fatalf("decoding a non-canonical name: %v, want ErrBadUnitName", err)
+	}
+}
+
+// FuzzParseUnit checks that ParseUnit accepts exactly the canonical names:
+// whatever it accepts prints back to the same string and is in range, and
+// whatever it refuses is refused with ErrBadUnitName.
+func FuzzParseUnit(f *testing.F) {
+	for _, s := range []string{"0.0", "3.11", "1023.1023", "1024.0", "03.1", "-1.2", "1.2.3", "", ".", "1.", " 1.2", "9999999999999999999.0", "0.00", "١.2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := ParseUnit(s)
+		if err != nil {
+			if !errors.Is(err, ErrBadUnitName) {
+				t.Fatalf("ParseUnit(%q) error %v does not wrap ErrBadUnitName", s, err)
+			}
+			return
+		}
+		if u.String() != s {
+			t.Fatalf("ParseUnit(%q) = %v, which prints as %q", s, u, u.String())
+		}
+		if !(Topology{MaxPartitions, MaxShards}).Contains(u) {
+			t.Fatalf("ParseUnit(%q) = %v, out of range", s, u)
+		}
+	})
+}
