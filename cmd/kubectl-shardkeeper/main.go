@@ -27,7 +27,8 @@ type command struct {
 // commands maps each subcommand's name to it. To add one, write
 // <name>.go with its run function and add a line here.
 var commands = map[string]command{
-	"plan": {summary: "show what a change of N or V would do, without doing it", run: runPlan},
+	"plan":   {summary: "show what a change of N or V would do, without doing it", run: runPlan},
+	"census": {summary: "check every NATS server's version against the floor (exit 1 if not met)", run: runCensus},
 }
 
 // errUsage marks errors in how the command was called; it exits 2.

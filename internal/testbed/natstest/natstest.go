@@ -1,7 +1,16 @@
-// Package natstest starts NATS JetStream servers for tests: in-process
-// servers from github.com/nats-io/nats-server/v2 (1 or 3, clustered), each
-// with an application account and a system account user, on random loopback
-// ports with temporary storage.
+// Package natstest starts NATS JetStream servers for tests, each with an
+// application account and a system account user, on random loopback ports
+// with temporary storage:
+//
+//   - in-process servers from github.com/nats-io/nats-server/v2 (StartCluster,
+//     StartClusterWith), alone or clustered, optionally leafnode hubs or
+//     leaves (ServerConfig.LeafPort, LeafRemotes);
+//   - separate server processes of any released version (StartProcCluster),
+//     so a cluster can mix 2.12 with 2.14 as a rolling upgrade does. Binary
+//     builds each version once per machine with hack/nats-servers.sh and
+//     caches it outside the clone. A process dies with the test binary
+//     (parent-death signal on Linux) and its log survives it, panics
+//     included.
 //
 // It owns server lifecycles and connection helpers; what is provisioned on
 // the servers belongs to internal/natsops and its tests.
@@ -13,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,14 +48,33 @@ type Cluster struct {
 // down when the test ends.
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
-	c := &Cluster{Name: "C" + strings.ToUpper(fmt.Sprintf("%x", time.Now().UnixNano()&0xffffff)), tb: tb, dir: tb.TempDir()}
+	return StartClusterWith(tb, n, nil)
+}
+
+// StartClusterWith is StartCluster with a hook that adjusts each server's
+// configuration before it starts: leafnode ports and remotes, domains.
+func StartClusterWith(tb testing.TB, n int, adjust func(i int, cfg *ServerConfig)) *Cluster {
+	tb.Helper()
+	c := &Cluster{Name: clusterName(), tb: tb, dir: tb.TempDir()}
 	c.Configs = Configs(tb, c.Name, c.dir, n)
+	if adjust != nil {
+		for i := range c.Configs {
+			adjust(i, &c.Configs[i])
+		}
+	}
 	for _, cfg := range c.Configs {
 		c.Servers = append(c.Servers, startServer(tb, cfg, c.dir))
 	}
 	tb.Cleanup(c.Shutdown)
 	c.WaitJetStream(30 * time.Second)
 	return c
+}
+
+var clusterSeq atomic.Int64
+
+// clusterName is unique within the test binary and across quick reruns.
+func clusterName() string {
+	return "C" + strings.ToUpper(fmt.Sprintf("%x", (time.Now().UnixNano()+clusterSeq.Add(1))&0xffffff))
 }
 
 // Configs returns the configurations of an n-server cluster named name,
@@ -140,12 +169,17 @@ func (c *Cluster) connect(i int, user, pass string, opts []nats.Option) *nats.Co
 	if i >= 0 {
 		u = c.URLs()[i]
 	}
-	opts = append([]nats.Option{nats.UserInfo(user, pass), nats.Name(c.tb.Name())}, opts...)
+	return connectURL(c.tb, u, user, pass, opts)
+}
+
+func connectURL(tb testing.TB, u, user, pass string, opts []nats.Option) *nats.Conn {
+	tb.Helper()
+	opts = append([]nats.Option{nats.UserInfo(user, pass), nats.Name(tb.Name())}, opts...)
 	nc, err := nats.Connect(u, opts...)
 	if err != nil {
-		c.tb.Fatalf("connect as %s to %s: %v", user, u, err)
+		tb.Fatalf("connect as %s to %s: %v", user, u, err)
 	}
-	c.tb.Cleanup(nc.Close)
+	tb.Cleanup(nc.Close)
 	return nc
 }
 
@@ -175,16 +209,17 @@ func (c *Cluster) WaitJetStream(timeout time.Duration) {
 }
 
 func (c *Cluster) jetStreamReady() bool {
-	leaders := 0
-	for _, s := range c.Servers {
-		if s == nil || !s.Running() {
+	if len(c.Servers) == 1 {
+		return c.Configs[0].NoJetStream || c.Servers[0].JetStreamEnabled()
+	}
+	leaders, js := 0, 0
+	for i, s := range c.Servers {
+		if s == nil || !s.Running() || c.Configs[i].NoJetStream {
 			continue
 		}
+		js++
 		if !s.JetStreamEnabled() {
 			return false
-		}
-		if len(c.Servers) == 1 {
-			return true
 		}
 		if s.JetStreamIsLeader() {
 			leaders++
@@ -193,7 +228,7 @@ func (c *Cluster) jetStreamReady() bool {
 			return false
 		}
 	}
-	return leaders == 1
+	return js == 0 || leaders == 1
 }
 
 // Shutdown stops every running server.
@@ -214,4 +249,22 @@ func (c *Cluster) Restart(i int) {
 	c.Servers[i].WaitForShutdown()
 	c.Servers[i] = startServer(c.tb, c.Configs[i], c.dir)
 	c.WaitJetStream(30 * time.Second)
+}
+
+// LeafURLs are the leafnode URLs of every server that listens for leaves
+// (StartClusterWith with ServerConfig.LeafPort), logging in as user.
+func (c *Cluster) LeafURLs(user, pass string) []string {
+	var urls []string
+	for _, cfg := range c.Configs {
+		if cfg.LeafPort != 0 {
+			urls = append(urls, LeafURL(cfg.LeafPort, user, pass))
+		}
+	}
+	return urls
+}
+
+// WithLeafPorts is a StartClusterWith hook that makes every server a
+// leafnode hub on a free port.
+func WithLeafPorts(tb testing.TB) func(int, *ServerConfig) {
+	return func(_ int, cfg *ServerConfig) { cfg.LeafPort = freePort(tb) }
 }

@@ -1,0 +1,568 @@
+package natsops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// UnknownVersion is the version of a server that should have answered the
+// census and did not. It is below every floor.
+const UnknownVersion = "unknown"
+
+// DefaultCensusTimeout is how long a census waits for servers it expects.
+const DefaultCensusTimeout = 2 * time.Second
+
+// ErrNoReplies means no server answered the census at all: the connection
+// is not in the system account, or nothing is there.
+var ErrNoReplies = errors.New("no server answered the system account ping (is the connection a system account user?)")
+
+// Role is how a server relates to the JetStream assets the census is for.
+type Role string
+
+const (
+	// RoleMetaLeader leads a JetStream meta group.
+	RoleMetaLeader Role = "meta-leader"
+	// RoleMember belongs to a JetStream cluster: a meta group peer, a route
+	// peer, or a server in the meta leader's cluster.
+	RoleMember Role = "member"
+	// RoleHub is a leafnode hub: a server some answering server connects
+	// to as a leaf.
+	RoleHub Role = "hub"
+	// RoleLeafnode is a leafnode spoke: a server that connects to an
+	// answering server as a leaf.
+	RoleLeafnode Role = "leafnode"
+	// RoleServer answered but is none of the above (a lone server).
+	RoleServer Role = "server"
+	// RoleUnknown is a server the census only knows by count
+	// (active_servers) and never heard from.
+	RoleUnknown Role = "unknown"
+)
+
+// ConsumerRef names one consumer.
+type ConsumerRef struct {
+	Stream string `json:"stream"`
+	Name   string `json:"name"`
+}
+
+// String renders the reference as "stream/name".
+func (r ConsumerRef) String() string { return r.Stream + "/" + r.Name }
+
+// CensusOptions says what a census must account for.
+type CensusOptions struct {
+	// Floor is the lowest acceptable version; empty means DefaultFloor.
+	Floor string
+	// Timeout bounds how long the census waits for servers it expects to
+	// answer; 0 means DefaultCensusTimeout.
+	Timeout time.Duration
+	// Account is the JetStream account holding Consumers (the account name,
+	// or its public key in operator mode); empty searches every account.
+	Account string
+	// Consumers are the unit consumers whose leader and replicas must be
+	// found and counted.
+	Consumers []ConsumerRef
+	// ExpectedServers are server names that must answer, on top of what
+	// the census learns from the servers themselves.
+	ExpectedServers []string
+}
+
+// ServerInfo is one server as the census saw it, or expected and missed.
+type ServerInfo struct {
+	Name      string `json:"name"`
+	ID        string `json:"id,omitempty"`
+	Version   string `json:"version"`
+	Cluster   string `json:"cluster,omitempty"`
+	Domain    string `json:"domain,omitempty"`
+	Role      Role   `json:"role"`
+	APILevel  int    `json:"apiLevel,omitempty"`
+	JetStream bool   `json:"jetstream"`
+	// Answered says the server replied; an expected server that did not
+	// has Version "unknown".
+	Answered bool `json:"answered"`
+	// Consumers is how many of the inspected consumers it hosts.
+	Consumers int `json:"consumers,omitempty"`
+	// Counted says the server counts for the floor. Only a leafnode spoke
+	// that shares no system account and hosts no inspected consumer is
+	// listed without counting.
+	Counted    bool   `json:"counted"`
+	BelowFloor bool   `json:"belowFloor"`
+	Reason     string `json:"reason,omitempty"`
+}
+
+// ConsumerPlacement is where one inspected consumer lives.
+type ConsumerPlacement struct {
+	ConsumerRef
+	// Found says some answering server reported the consumer.
+	Found bool `json:"found"`
+	// Leader is the consumer's raft leader, empty when it has none.
+	Leader string `json:"leader,omitempty"`
+	// Replicas are the other servers in its raft group (and any it is
+	// moving to).
+	Replicas []string `json:"replicas,omitempty"`
+}
+
+// Hosts lists the leader and every replica.
+func (p ConsumerPlacement) Hosts() []string {
+	var hs []string
+	if p.Leader != "" {
+		hs = append(hs, p.Leader)
+	}
+	return append(hs, p.Replicas...)
+}
+
+// Census is one reading of every relevant server's version.
+type Census struct {
+	TakenAt time.Time `json:"takenAt"`
+	// Floor is the floor the census judged against.
+	Floor string `json:"floor"`
+	// Connected is the server the census was taken through.
+	Connected string              `json:"connected"`
+	Servers   []ServerInfo        `json:"servers"`
+	Consumers []ConsumerPlacement `json:"consumers,omitempty"`
+	// MinVersion is the lowest version of the counted servers, "unknown"
+	// when any of them did not answer or sent an unparsable version.
+	MinVersion string `json:"minVersion"`
+	// BelowFloor names the counted servers below the floor, unknown ones
+	// included.
+	BelowFloor []string `json:"belowFloor"`
+	// Findings explain what the census could not see and why that matters.
+	Findings []string `json:"findings,omitempty"`
+}
+
+// FloorMet says every counted server is known and at or above the floor.
+func (c *Census) FloorMet() bool {
+	return c != nil && len(c.BelowFloor) == 0 && c.MinVersion != UnknownVersion
+}
+
+// Server returns the named server's entry.
+func (c *Census) Server(name string) (ServerInfo, bool) {
+	for _, s := range c.Servers {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return ServerInfo{}, false
+}
+
+// Consumer returns an inspected consumer's placement.
+func (c *Census) Consumer(stream, name string) (ConsumerPlacement, bool) {
+	for _, p := range c.Consumers {
+		if p.Stream == stream && p.Name == name {
+			return p, true
+		}
+	}
+	return ConsumerPlacement{}, false
+}
+
+// TakeCensus asks every server reachable through nc, which must be a
+// system account connection, for its version (STATSZ), collecting replies
+// until as many servers answered as they say exist (active_servers) or the
+// timeout passes. It then asks each JetStream meta leader for its peers
+// (JSZ), every server for its leafnode connections (LEAFZ) and for the
+// inspected consumers it hosts (JSZ), and checks what it heard against what
+// it learned must exist. The census fails closed: a server that should
+// have answered and did not, or whose version does not parse, is below the
+// floor.
+func TakeCensus(ctx context.Context, nc *nats.Conn, opts CensusOptions) (*Census, error) {
+	if opts.Floor == "" {
+		opts.Floor = DefaultFloor.String()
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultCensusTimeout
+	}
+	floor, err := ParseVersion(opts.Floor)
+	if err != nil {
+		return nil, fmt.Errorf("census floor: %w", err)
+	}
+	b := &censusBuilder{opts: opts, floor: floor, statsz: map[string]statszReply{}}
+	if err := b.pingStatsz(ctx, nc); err != nil {
+		return nil, err
+	}
+	if len(b.statsz) == 0 {
+		return nil, ErrNoReplies
+	}
+	if err := b.askDetails(ctx, nc); err != nil {
+		return nil, err
+	}
+	c := b.build()
+	c.Connected = nc.ConnectedServerName()
+	return c, nil
+}
+
+type censusBuilder struct {
+	opts      CensusOptions
+	floor     Version
+	statsz    map[string]statszReply
+	maxActive int
+
+	metaPeers map[string]*zReply[jszData] // meta leader name -> its JSZ
+	leafz     map[string]zReply[leafzData]
+	jsz       map[string]zReply[jszData]
+	findings  []string
+}
+
+func (b *censusBuilder) pingStatsz(ctx context.Context, nc *nats.Conn) error {
+	expected := b.opts.ExpectedServers
+	return gather(ctx, nc, fmt.Sprintf(subjPing, "STATSZ"), nil, b.opts.Timeout, func(m *nats.Msg) bool {
+		var r statszReply
+		if err := json.Unmarshal(m.Data, &r); err != nil || r.Server.Name == "" {
+			return false
+		}
+		b.statsz[r.Server.Name] = r
+		b.maxActive = max(b.maxActive, r.Stats.ActiveServers)
+		if len(b.statsz) < b.maxActive {
+			return false
+		}
+		for _, name := range expected {
+			if _, ok := b.statsz[name]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// askDetails runs the second round: meta peers from each meta leader,
+// leafnode connections and consumer placement from every server that
+// answered the first.
+func (b *censusBuilder) askDetails(ctx context.Context, nc *nats.Conn) error {
+	answered := len(b.statsz)
+	leaders := map[string]string{} // name -> ID
+	for _, r := range b.statsz {
+		if js := r.Stats.JetStream; js != nil && js.Meta != nil && js.Meta.Leader == r.Server.Name {
+			leaders[r.Server.Name] = r.Server.ID
+		}
+	}
+
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	b.metaPeers = map[string]*zReply[jszData]{}
+	for name, id := range leaders {
+		wg.Go(func() {
+			r, err := requestZ[jszData](ctx, nc, id, "JSZ", jszRequest{LeaderOnly: true}, b.opts.Timeout)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				b.findings = append(b.findings, fmt.Sprintf("meta leader %s did not list its peers (%v); peers are taken from its STATSZ", name, err))
+				return
+			}
+			b.metaPeers[name] = r
+		})
+	}
+	wg.Go(func() {
+		r, err := gatherZ[leafzData](ctx, nc, "LEAFZ", struct{}{}, answered, b.opts.Timeout)
+		if err != nil {
+			fail(err)
+		}
+		b.leafz = r
+	})
+	if len(b.opts.Consumers) > 0 {
+		wg.Go(func() {
+			req := jszRequest{Account: b.opts.Account, Accounts: b.opts.Account == "", Streams: true, Consumer: true}
+			r, err := gatherZ[jszData](ctx, nc, "JSZ", req, answered, b.opts.Timeout)
+			if err != nil {
+				fail(err)
+			}
+			b.jsz = r
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// expectation records why the census expects a server to answer.
+type expectation struct {
+	reasons []string
+	role    Role
+	hub     bool
+}
+
+// rolePriority decides which role an expected server gets when several
+// facts name it.
+func rolePriority(r Role) int {
+	switch r {
+	case RoleMetaLeader:
+		return 3
+	case RoleMember:
+		return 2
+	case RoleHub:
+		return 1
+	}
+	return 0
+}
+
+func (b *censusBuilder) build() *Census {
+	c := &Census{TakenAt: time.Now(), Floor: b.floor.String(), BelowFloor: []string{}}
+	expected := map[string]*expectation{}
+	expect := func(name string, role Role, why string) {
+		e := expected[name]
+		if e == nil {
+			e = &expectation{role: role}
+			expected[name] = e
+		}
+		if rolePriority(role) > rolePriority(e.role) {
+			e.role = role
+		}
+		e.hub = e.hub || role == RoleHub
+		if !slices.Contains(e.reasons, why) {
+			e.reasons = append(e.reasons, why)
+		}
+	}
+	for _, name := range b.opts.ExpectedServers {
+		expect(name, RoleMember, "named by the caller")
+	}
+
+	// Meta groups and routes: every member of a cluster must answer.
+	leaders := map[string]bool{}
+	memberClusters := map[string]bool{}
+	for _, r := range b.statsz {
+		for _, rt := range r.Stats.Routes {
+			if rt.Name != "" {
+				expect(rt.Name, RoleMember, "route peer of "+r.Server.Name)
+			}
+		}
+		js := r.Stats.JetStream
+		if js == nil || js.Meta == nil || js.Meta.Leader == "" {
+			continue
+		}
+		leaders[js.Meta.Leader] = true
+		expect(js.Meta.Leader, RoleMetaLeader, "meta leader named by "+r.Server.Name)
+		if js.Meta.Leader == r.Server.Name {
+			memberClusters[r.Server.Cluster] = true
+			for _, p := range js.Meta.Replicas {
+				expect(p.Name, RoleMember, "meta peer of "+r.Server.Name)
+			}
+		}
+	}
+	for leader, r := range b.metaPeers {
+		if r.Data != nil && r.Data.Meta != nil {
+			for _, p := range r.Data.Meta.Replicas {
+				expect(p.Name, RoleMember, "meta peer of "+leader)
+			}
+		}
+	}
+
+	// Leafnodes: a hub must answer; a spoke answers only if it binds the
+	// system account.
+	hubs, spokes := map[string]bool{}, map[string][]string{}
+	for reporter, r := range b.leafz {
+		if r.Data == nil {
+			continue
+		}
+		for _, l := range r.Data.Leafs {
+			if l.Name == "" {
+				continue
+			}
+			if l.IsSpoke {
+				hubs[l.Name] = true
+				expect(l.Name, RoleHub, fmt.Sprintf("leafnode hub of %s (account %s)", reporter, l.Account))
+			} else if !slices.Contains(spokes[l.Name], reporter) {
+				spokes[l.Name] = append(spokes[l.Name], reporter)
+			}
+		}
+	}
+
+	// Consumers: the leader and every replica must answer.
+	hosted := map[string]int{}
+	c.Consumers = b.placements(expect, hosted)
+
+	// The servers that answered.
+	byName := map[string]*ServerInfo{}
+	for name, r := range b.statsz {
+		s := &ServerInfo{
+			Name: name, ID: r.Server.ID, Version: r.Server.Version, Cluster: r.Server.Cluster,
+			Domain: r.Server.Domain, JetStream: r.Server.JetStream || r.Stats.JetStream != nil,
+			Answered: true, Counted: true, Consumers: hosted[name],
+		}
+		if js := r.Stats.JetStream; js != nil && js.Stats != nil {
+			s.APILevel = js.Stats.API.Level
+		}
+		e := expected[name]
+		switch {
+		case leaders[name]:
+			s.Role = RoleMetaLeader
+		case e != nil && e.role == RoleMember, memberClusters[s.Cluster] && s.Cluster != "":
+			s.Role = RoleMember
+		case hubs[name]:
+			s.Role = RoleHub
+		case spokes[name] != nil:
+			s.Role = RoleLeafnode
+		default:
+			s.Role = RoleServer
+		}
+		byName[name] = s
+	}
+
+	// The servers that should have answered and did not.
+	missing := 0
+	for name, e := range expected {
+		if _, ok := byName[name]; ok {
+			continue
+		}
+		missing++
+		byName[name] = &ServerInfo{
+			Name: name, Version: UnknownVersion, Role: e.role, Counted: true, Consumers: hosted[name],
+			Reason: "did not answer; expected as " + strings.Join(e.reasons, ", "),
+		}
+		if e.hub {
+			b.findings = append(b.findings, fmt.Sprintf("leafnode hub %s did not answer (expected as %s): the system account is not bound across that leafnode connection, so the hub and its cluster, with any JetStream assets on them, are invisible; counted below the floor", name, strings.Join(e.reasons, ", ")))
+		}
+	}
+	for name, reporters := range spokes {
+		if _, ok := byName[name]; ok {
+			continue
+		}
+		byName[name] = &ServerInfo{
+			Name: name, Version: UnknownVersion, Role: RoleLeafnode,
+			Reason: "leafnode spoke of " + strings.Join(reporters, ", ") + " that does not bind the system account; it hosts none of the inspected consumers, so it does not count",
+		}
+		b.findings = append(b.findings, fmt.Sprintf("leafnode spoke %s of %s is invisible (no system account across the leafnode connection); it hosts none of the inspected consumers and is not counted", name, strings.Join(reporters, ", ")))
+	}
+	// Servers the cluster counts (active_servers) that no one could name.
+	if anon := b.maxActive - len(b.statsz) - missing; anon > 0 {
+		b.findings = append(b.findings, fmt.Sprintf("servers report %d active servers, %d answered and %d more are known by name: %d unnamed servers counted below the floor", b.maxActive, len(b.statsz), missing, anon))
+		for i := range anon {
+			name := fmt.Sprintf("(unnamed %d of %d)", i+1, anon)
+			byName[name] = &ServerInfo{Name: name, Version: UnknownVersion, Role: RoleUnknown, Counted: true, Reason: "counted by active_servers but never answered"}
+		}
+	}
+
+	b.judge(c, byName)
+	sort.Strings(b.findings)
+	c.Findings = b.findings
+	return c
+}
+
+// placements merges every server's report of the inspected consumers.
+func (b *censusBuilder) placements(expect func(string, Role, string), hosted map[string]int) []ConsumerPlacement {
+	if len(b.opts.Consumers) == 0 {
+		return nil
+	}
+	type merged struct {
+		found    bool
+		leader   string
+		replicas []string
+	}
+	want := make(map[ConsumerRef]*merged, len(b.opts.Consumers))
+	for _, ref := range b.opts.Consumers {
+		want[ref] = &merged{}
+	}
+	add := func(m *merged, name string) {
+		if name != "" && name != m.leader && !slices.Contains(m.replicas, name) {
+			m.replicas = append(m.replicas, name)
+		}
+	}
+	for reporter, r := range b.jsz {
+		if r.Data == nil {
+			continue
+		}
+		for _, acc := range r.Data.Accounts {
+			if b.opts.Account != "" && acc.Name != b.opts.Account && acc.ID != b.opts.Account {
+				continue
+			}
+			for _, st := range acc.Streams {
+				for _, ci := range st.Consumers {
+					m := want[ConsumerRef{Stream: st.Name, Name: ci.Name}]
+					if m == nil {
+						continue
+					}
+					m.found = true
+					if cl := ci.Cluster; cl != nil {
+						if cl.Leader != "" && (m.leader == "" || cl.Leader == reporter) {
+							// The leader's own word wins over a replica's.
+							if m.leader != "" && m.leader != cl.Leader {
+								add(m, m.leader)
+							}
+							m.leader = cl.Leader
+							m.replicas = slices.DeleteFunc(m.replicas, func(n string) bool { return n == cl.Leader })
+						}
+						for _, p := range cl.Replicas {
+							add(m, p.Name)
+						}
+						if cl.Desired != nil {
+							for _, p := range cl.Desired.Replicas {
+								add(m, p.Name)
+							}
+						}
+					}
+					add(m, reporter)
+				}
+			}
+		}
+	}
+	out := make([]ConsumerPlacement, 0, len(b.opts.Consumers))
+	for _, ref := range b.opts.Consumers {
+		m := want[ref]
+		sort.Strings(m.replicas)
+		p := ConsumerPlacement{ConsumerRef: ref, Found: m.found, Leader: m.leader, Replicas: m.replicas}
+		switch {
+		case !m.found:
+			b.findings = append(b.findings, fmt.Sprintf("consumer %s was reported by none of the servers that answered: it does not exist, or it lives where the census cannot see", ref))
+		case m.leader == "":
+			b.findings = append(b.findings, fmt.Sprintf("consumer %s has no leader", ref))
+		}
+		for _, h := range p.Hosts() {
+			hosted[h]++
+			expect(h, RoleMember, "host of consumer "+ref.String())
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// judge sets every server's verdict and the census totals.
+func (b *censusBuilder) judge(c *Census, byName map[string]*ServerInfo) {
+	var minV *Version
+	unknown := false
+	for _, s := range byName {
+		if !s.Answered {
+			if s.Counted {
+				s.BelowFloor = true
+				unknown = true
+			}
+			continue
+		}
+		v, err := ParseVersion(s.Version)
+		switch {
+		case err != nil:
+			s.BelowFloor, unknown = true, true
+			s.Reason = "unparsable version " + fmt.Sprintf("%q", s.Version)
+		case !v.AtLeast(b.floor):
+			s.BelowFloor = true
+			s.Reason = fmt.Sprintf("%s is below the floor %s", v, b.floor)
+		}
+		if err == nil && (minV == nil || v.Compare(*minV) < 0) {
+			minV = &v
+		}
+	}
+	switch {
+	case unknown || minV == nil:
+		c.MinVersion = UnknownVersion
+	default:
+		c.MinVersion = minV.String()
+	}
+	for _, s := range byName {
+		c.Servers = append(c.Servers, *s)
+		if s.BelowFloor {
+			c.BelowFloor = append(c.BelowFloor, s.Name)
+		}
+	}
+	sort.Slice(c.Servers, func(i, j int) bool { return c.Servers[i].Name < c.Servers[j].Name })
+	sort.Strings(c.BelowFloor)
+}

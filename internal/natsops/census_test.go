@@ -1,0 +1,125 @@
+package natsops
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
+)
+
+// checks P4
+func TestCensusSeesEveryServerOfTheCluster(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	l := testLayout(2, 2, 3)
+	mustProvision(t, c.Connect(-1), l)
+
+	census, err := TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(1), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logCensus(t, census)
+	if len(census.Servers) != 3 || !census.FloorMet() || census.MinVersion != server.VERSION {
+		t.Fatalf("census %+v: want 3 servers at %s meeting the floor", census, server.VERSION)
+	}
+	if census.Connected != c.Configs[1].Name {
+		t.Fatalf("connected %q, want %q", census.Connected, c.Configs[1].Name)
+	}
+	roles := map[Role]int{}
+	for i, s := range census.Servers {
+		if s.Name != c.Configs[i].Name || s.Version != server.VERSION || s.Cluster != c.Name || !s.Answered || !s.JetStream || s.APILevel < 1 || s.BelowFloor {
+			t.Fatalf("server %d: %+v", i, s)
+		}
+		roles[s.Role]++
+	}
+	if roles[RoleMetaLeader] != 1 || roles[RoleMember] != 2 {
+		t.Fatalf("roles %v, want one meta leader and two members", roles)
+	}
+	if len(census.Consumers) != 4 {
+		t.Fatalf("consumers %+v", census.Consumers)
+	}
+	for _, p := range census.Consumers {
+		if !p.Found || p.Leader == "" || len(p.Replicas) != 2 || slices.Contains(p.Replicas, p.Leader) {
+			t.Fatalf("placement of %s: %+v, want a leader and two other replicas", p.ConsumerRef, p)
+		}
+	}
+	if len(census.Findings) != 0 {
+		t.Fatalf("findings %v", census.Findings)
+	}
+}
+
+// checks P4
+func TestCensusCountsAServerThatDoesNotAnswerAsBelowTheFloor(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	l := testLayout(1, 2, 3)
+	mustProvision(t, c.Connect(-1), l)
+	down := c.Configs[2].Name
+	c.Servers[2].Shutdown()
+	c.Servers[2].WaitForShutdown()
+
+	sys := c.ConnectSys(0)
+	census, err := TakeCensus(testContext(t, 10*time.Second), sys, CensusOptions{Timeout: 500 * time.Millisecond, Account: natstest.AppAccount, Consumers: l.Consumers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logCensus(t, census)
+	s, ok := census.Server(down)
+	if !ok || s.Answered || s.Version != UnknownVersion || !s.BelowFloor || !s.Counted {
+		t.Fatalf("stopped server %s: %+v, want unknown and below the floor", down, s)
+	}
+	if census.FloorMet() || census.MinVersion != UnknownVersion || !slices.Equal(census.BelowFloor, []string{down}) {
+		t.Fatalf("census passes with a silent member: min %s, below %v", census.MinVersion, census.BelowFloor)
+	}
+	for _, ref := range l.Consumers() {
+		err := census.AllowReset(ref.Stream, ref.Name, time.Minute)
+		var refused *RefusedError
+		if !errors.As(err, &refused) || !slices.Contains(refused.Servers, down) {
+			t.Fatalf("RESET of %s: %v, want a refusal naming %s", ref, err, down)
+		}
+	}
+}
+
+func TestCensusNeedsTheSystemAccount(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	_, err := TakeCensus(testContext(t, 10*time.Second), c.Connect(0), CensusOptions{Timeout: 300 * time.Millisecond})
+	if !errors.Is(err, ErrNoReplies) {
+		t.Fatalf("census as an application user: %v, want ErrNoReplies", err)
+	}
+}
+
+func TestCensusJudgesAgainstTheFloorItIsGiven(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	sys := c.ConnectSys(0)
+	census, err := TakeCensus(testContext(t, 10*time.Second), sys, CensusOptions{Floor: "v99.0.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if census.FloorMet() || len(census.BelowFloor) != 1 || census.Floor != "99.0.0" || census.MinVersion != server.VERSION {
+		t.Fatalf("census %+v: want the lone server below 99.0.0", census)
+	}
+	if _, err := TakeCensus(testContext(t, 10*time.Second), sys, CensusOptions{Floor: "2.14"}); !errors.Is(err, ErrBadVersion) {
+		t.Fatalf("floor 2.14: %v, want ErrBadVersion", err)
+	}
+}
+
+// logCensus prints the census the way the CLI would, to read in -v runs.
+func logCensus(t testing.TB, c *Census) {
+	t.Helper()
+	var b strings.Builder
+	for _, s := range c.Servers {
+		b.WriteString("\n  " + s.Name + " " + s.Version + " " + string(s.Role) + " " + s.Cluster)
+		if s.BelowFloor {
+			b.WriteString(" BELOW: " + s.Reason)
+		} else if !s.Counted {
+			b.WriteString(" (not counted: " + s.Reason + ")")
+		}
+	}
+	for _, f := range c.Findings {
+		b.WriteString("\n  finding: " + f)
+	}
+	t.Logf("census through %s: min %s, below %v%s", c.Connected, c.MinVersion, c.BelowFloor, b.String())
+}

@@ -1,0 +1,45 @@
+// Package natsops is everything the operator does to NATS: it provisions
+// the JetStream streams and unit consumers of a topology, takes the
+// cluster-wide version census, and guards the UNPIN and RESET operations
+// with it.
+//
+// Provisioning (Provision, RetireConsumers) makes sure, idempotently, that
+// the N partition streams <PREFIX>_INGEST_<p> and the N x V unit consumers
+// <consumerName>_<p>_<s> of a Layout exist: durable pull consumers, ack
+// explicit, deliver all, max_deliver -1, a pinned_client priority group
+// (PriorityGroup) whose priority_timeout is the pinned TTL. Drift is
+// reported as a Finding; what is safe to change (replicas, ack wait, the
+// pinned TTL, the priority settings, a missing subject, the transform this
+// package owns) is changed, and what would change which rows an object
+// holds is only reported. Nothing is ever deleted by Provision, and
+// RetireConsumers deletes a unit consumer only once it holds no rows.
+// Where publishers do not pick the shard (AssignByTransform), each stream
+// owns a subject transform from <prefix>.rows.<p>.<key> to
+// <prefix>.ingest.<p>.{{partition(V,1)}}.<key>.
+//
+// The census (TakeCensus) reads every server's version through the system
+// account: STATSZ pinged to all servers until as many answer as they say
+// exist (active_servers), the meta leaders' JSZ for their peers, every
+// server's LEAFZ for leafnode hubs and spokes, and every server's JSZ for
+// the leader and replicas of the unit consumers. It fails closed: a server
+// that should answer and does not (a meta or route peer, a consumer host,
+// a leafnode hub, a server counted by active_servers) is listed with
+// version "unknown" and is below the floor, and so is a version that does
+// not parse. The connected server's version alone proves nothing. A
+// leafnode spoke that does not bind the system account and hosts no
+// inspected consumer is listed but not counted: it cannot take part in a
+// RESET.
+//
+// The guard (Census.Allow, Reset, Unpin) issues RESET or UNPIN only when a
+// census younger than a given age shows the consumer's leader, every
+// replica and every cluster member known and at or above the version the
+// operation needs (RESET: the floor and at least 2.14.0; UNPIN: 2.11.0),
+// and the consumer's placement read just before is still covered. A
+// refusal is a *RefusedError naming the blocking servers. This is promise
+// P4 of design.md: a pre-2.14 replica does not know the raft operation
+// RESET replicates, and a 2.12 server panics on it.
+//
+// natsops does not decide when to provision, retire, reset or unpin (the
+// controllers and the worker SDK do), and it knows nothing of the
+// ownership registry.
+package natsops

@@ -1,0 +1,135 @@
+package natsops
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+var layoutSeq atomic.Int64
+
+// testLayout is a layout with a prefix of its own, so tests sharing a
+// cluster never see each other's streams.
+func testLayout(n, v, replicas int) Layout {
+	return Layout{
+		SubjectPrefix: fmt.Sprintf("t%d", layoutSeq.Add(1)),
+		ConsumerName:  "ingest",
+		Partitions:    n,
+		Shards:        v,
+		Replicas:      replicas,
+		PinnedTTL:     2 * time.Minute,
+		AckWait:       30 * time.Second,
+	}
+}
+
+func testContext(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustJetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// mustProvision provisions l and retries while a young cluster cannot yet
+// place R3 assets (its meta leader may not know every peer).
+func mustProvision(t testing.TB, nc *nats.Conn, l Layout) *Report {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rep, err := Provision(testContext(t, 20*time.Second), nc, l)
+		if err == nil {
+			return rep
+		}
+		if time.Now().After(deadline) || !strings.Contains(err.Error(), "insufficient resources") {
+			t.Fatalf("provision: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// publishShard publishes count rows to unit (p, s) and waits for the
+// stream's acks.
+func publishShard(t testing.TB, js jetstream.JetStream, l Layout, p, s, count int) {
+	t.Helper()
+	ctx := testContext(t, 10*time.Second)
+	for i := range count {
+		if _, err := js.Publish(ctx, l.ShardSubject(p, s, fmt.Sprintf("row%d", i)), []byte("row")); err != nil {
+			t.Fatalf("publish to unit %d.%d: %v", p, s, err)
+		}
+	}
+}
+
+// fetchNoAck pulls count rows of unit (p, s) in the priority group and
+// leaves them unacknowledged.
+func fetchNoAck(t testing.TB, js jetstream.JetStream, l Layout, p, s, count int) []jetstream.Msg {
+	t.Helper()
+	ctx := testContext(t, 10*time.Second)
+	cons, err := js.Consumer(ctx, l.StreamName(p), l.ConsumerDurable(p, s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []jetstream.Msg
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < count && time.Now().Before(deadline) {
+		batch, err := cons.Fetch(count-len(got), jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(PriorityGroup))
+		if err != nil {
+			t.Fatalf("fetch from unit %d.%d: %v", p, s, err)
+		}
+		for m := range batch.Messages() {
+			got = append(got, m)
+		}
+	}
+	if len(got) != count {
+		t.Fatalf("fetched %d rows of unit %d.%d, want %d", len(got), p, s, count)
+	}
+	return got
+}
+
+func mustConsumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	ctx := testContext(t, 10*time.Second)
+	cons, err := js.Consumer(ctx, stream, name)
+	if err != nil {
+		t.Fatalf("consumer %s/%s: %v", stream, name, err)
+	}
+	return cons.CachedInfo()
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// tryConsumerInfo is mustConsumerInfo for polling loops: a consumer between
+// leaders does not answer, which is no failure yet.
+func tryConsumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	ctx := testContext(t, 2*time.Second)
+	cons, err := js.Consumer(ctx, stream, name)
+	if err != nil {
+		t.Logf("consumer %s/%s: %v", stream, name, err)
+		return nil
+	}
+	return cons.CachedInfo()
+}

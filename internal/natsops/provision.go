@@ -1,0 +1,270 @@
+package natsops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/jsm.go"
+	"github.com/nats-io/jsm.go/api"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// JetStream API error codes Provision and RetireConsumers tell apart.
+const (
+	errCodeStreamNotFound   = 10059
+	errCodeConsumerNotFound = 10014
+)
+
+// provisionParallelism bounds how many consumers of one stream Provision
+// creates or updates at once.
+const provisionParallelism = 16
+
+// defaultRequestTimeout bounds one JetStream API request when the context
+// has no deadline.
+const defaultRequestTimeout = 5 * time.Second
+
+// Report says what Provision did and found.
+type Report struct {
+	// Created names the objects Provision created ("stream X",
+	// "consumer X/Y").
+	Created []string
+	// Updated names the objects whose drift Provision corrected.
+	Updated []string
+	// Findings lists every drift, corrected or not.
+	Findings []Finding
+	// Orphans are unit consumers on the layout's streams that the layout
+	// no longer has (a shard count that went down). Provision leaves them;
+	// RetireConsumers deletes them once they are drained.
+	Orphans []Unit
+	// OrphanStreams are partition streams beyond the layout's N (a
+	// partition count that went down). Nothing here deletes a stream.
+	OrphanStreams []string
+}
+
+// Provision makes sure, idempotently, that the layout's N partition
+// streams and N x V unit consumers exist with the configuration the layout
+// gives them. It corrects drift where that is safe, reports the rest, and
+// never deletes anything. nc is a connection to the account that owns the
+// streams.
+//
+// Under AssignByTransform, Provision also sets each stream's subject
+// transform, so calling it with a new shard count re-routes new rows at
+// once: call it with the target layout when that routing should start.
+func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	rep := &Report{}
+	for p := range l.Partitions {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		if err := provisionPartition(ctx, nc, l, p, rep); err != nil {
+			return rep, err
+		}
+	}
+	orphans, err := orphanStreams(ctx, nc, l)
+	rep.OrphanStreams = orphans
+	return rep, err
+}
+
+// orphanStreams lists the streams named like partitions of this layout
+// with a partition number of N or more.
+func orphanStreams(ctx context.Context, nc *nats.Conn, l Layout) ([]string, error) {
+	mgr, err := manager(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	names, err := mgr.StreamNames(&jsm.StreamNamesFilter{Subject: l.SubjectPrefix + ".>"})
+	if err != nil {
+		return nil, fmt.Errorf("list streams of prefix %s: %w", l.SubjectPrefix, err)
+	}
+	var orphans []string
+	prefix := strings.TrimSuffix(l.StreamName(0), "0")
+	for _, name := range names {
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			if p, ok := parseNumber(rest); ok && p >= l.Partitions {
+				orphans = append(orphans, name)
+			}
+		}
+	}
+	return orphans, nil
+}
+
+func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep *Report) error {
+	mgr, err := manager(ctx, nc)
+	if err != nil {
+		return err
+	}
+	name := l.StreamName(p)
+	if err := provisionStream(mgr, l, p, rep); err != nil {
+		return err
+	}
+
+	existing, _, offline, err := mgr.Consumers(name)
+	if err != nil {
+		return fmt.Errorf("list consumers of stream %s: %w", name, err)
+	}
+	have := make(map[string]api.ConsumerConfig, len(existing))
+	for _, c := range existing {
+		have[c.Name()] = c.Configuration()
+	}
+	for cname, reason := range offline {
+		// An offline consumer exists but cannot be read: creating it again
+		// would fail, and comparing it is impossible.
+		rep.Findings = append(rep.Findings, Finding{Object: consumerObject(name, cname), Field: "offline", Want: "online", Got: reason})
+	}
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("open JetStream: %w", err)
+	}
+	// Creating an R3 consumer waits for its raft group; do many at once.
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, provisionParallelism)
+	)
+	run := func(task func() (string, error), done *[]string) {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			obj, err := task()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			*done = append(*done, obj)
+		})
+	}
+	var created, updated []string
+	for s := range l.Shards {
+		want := l.ConsumerConfig(p, s)
+		obj := consumerObject(name, want.Durable)
+		if _, off := offline[want.Durable]; off {
+			continue
+		}
+		got, ok := have[want.Durable]
+		if !ok {
+			run(func() (string, error) {
+				if err := createConsumer(ctx, js, name, want); err != nil {
+					return "", fmt.Errorf("create consumer %s/%s: %w", name, want.Durable, err)
+				}
+				return obj, nil
+			}, &created)
+			continue
+		}
+		fs, next := consumerDrift(name, want, got)
+		rep.Findings = append(rep.Findings, fs...)
+		if next == nil {
+			continue
+		}
+		run(func() (string, error) {
+			if _, err := mgr.NewConsumerFromDefault(name, *next); err != nil {
+				return "", fmt.Errorf("update consumer %s/%s: %w", name, want.Durable, err)
+			}
+			return obj, nil
+		}, &updated)
+	}
+	wg.Wait()
+	sort.Strings(created)
+	sort.Strings(updated)
+	rep.Created = append(rep.Created, created...)
+	rep.Updated = append(rep.Updated, updated...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+
+	for cname := range have {
+		if s, ok := l.ParseConsumerDurable(p, cname); ok && s >= l.Shards {
+			rep.Orphans = append(rep.Orphans, Unit{Partition: p, Shard: s})
+		}
+	}
+	sortUnits(rep.Orphans)
+	return nil
+}
+
+func provisionStream(mgr *jsm.Manager, l Layout, p int, rep *Report) error {
+	want := l.StreamConfig(p)
+	stream, err := mgr.LoadStream(want.Name)
+	switch {
+	case jsm.IsNatsError(err, errCodeStreamNotFound):
+		if _, err := mgr.NewStreamFromDefault(want.Name, want); err != nil {
+			return fmt.Errorf("create stream %s: %w", want.Name, err)
+		}
+		rep.Created = append(rep.Created, streamObject(want.Name))
+		return nil
+	case err != nil:
+		return fmt.Errorf("load stream %s: %w", want.Name, err)
+	}
+	fs, next := streamDrift(want, stream.Configuration(), l.Assignment == AssignByTransform)
+	rep.Findings = append(rep.Findings, fs...)
+	if next == nil {
+		return nil
+	}
+	if err := stream.UpdateConfiguration(*next); err != nil {
+		return fmt.Errorf("update stream %s: %w", want.Name, err)
+	}
+	rep.Updated = append(rep.Updated, streamObject(want.Name))
+	return nil
+}
+
+// createConsumer creates a consumer that must not exist yet. jsm.go only
+// creates-or-updates; the create action of nats.go's jetstream package
+// makes a concurrent creation with another configuration fail instead of
+// silently winning.
+func createConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg api.ConsumerConfig) error {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	var jcfg jetstream.ConsumerConfig
+	if err := json.Unmarshal(b, &jcfg); err != nil {
+		return err
+	}
+	rctx, cancel := requestContext(ctx)
+	defer cancel()
+	_, err = js.CreateConsumer(rctx, stream, jcfg)
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		// Someone else created it between our listing and now; the next
+		// Provision compares it.
+		return nil
+	}
+	return err
+}
+
+// manager opens a jsm.go manager whose request timeout is what is left of
+// ctx (jsm.go takes no contexts).
+func manager(ctx context.Context, nc *nats.Conn) (*jsm.Manager, error) {
+	timeout := defaultRequestTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+	}
+	mgr, err := jsm.New(nc, jsm.WithTimeout(timeout))
+	if err != nil {
+		return nil, fmt.Errorf("open JetStream manager: %w", err)
+	}
+	return mgr, nil
+}
+
+// requestContext bounds one request by defaultRequestTimeout when ctx has
+// no deadline of its own.
+func requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, defaultRequestTimeout)
+}
