@@ -1,0 +1,99 @@
+// Command shardkeeper-worker is the reference worker: it embeds pkg/worker,
+// writes every row it receives into a PostgreSQL table through the claim's
+// write guard (a stale owner's write is refused) and acknowledges a row only
+// after the write committed. It serves /healthz, /readyz, /status and
+// Prometheus /metrics. It runs in the end-to-end tests and the demo, and is
+// the example to copy.
+//
+// Configuration comes from flags, each with an environment variable
+// fallback so a pod spec can set them:
+//
+//	--topology        SHARDKEEPER_TOPOLOGY    namespace/name of the ShardTopology
+//	--member          POD_NAME                this worker's member name
+//	--nats-url        NATS_URL                NATS server URL(s), comma-separated
+//	--nats-creds      NATS_CREDS              optional .creds file
+//	--registry-dsn    REGISTRY_DSN            PostgreSQL registry (never logged)
+//	--sink-dsn        SINK_DSN                sink database; default: the registry's
+//	--health-addr     WORKER_HEALTH_ADDR      address of the HTTP endpoints
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+)
+
+func main() {
+	cfg, err := parseConfig(os.Args[1:], os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: cfg.verbosity})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error(err, "Worker stopped")
+		os.Exit(1)
+	}
+}
+
+// config is the worker's settings.
+type config struct {
+	topology, member            string
+	natsURL, natsCreds          string
+	registryDSN, sinkDSN        string
+	subjectPrefix, consumerName string
+	healthAddr                  string
+	drainTimeout                time.Duration
+	fetchBatch                  int
+	verbosity                   int
+}
+
+// errBadFlag wraps every configuration refusal.
+var errBadFlag = errors.New("bad worker configuration")
+
+func parseConfig(args []string, getenv func(string) string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("shardkeeper-worker", flag.ContinueOnError)
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	fs.StringVar(&c.topology, "topology", env("SHARDKEEPER_TOPOLOGY", ""), "namespace/name of the ShardTopology (env SHARDKEEPER_TOPOLOGY)")
+	fs.StringVar(&c.member, "member", env("POD_NAME", ""), "member name, normally the pod name (env POD_NAME)")
+	fs.StringVar(&c.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URLs, comma-separated (env NATS_URL)")
+	fs.StringVar(&c.natsCreds, "nats-creds", env("NATS_CREDS", ""), "NATS .creds file (env NATS_CREDS)")
+	fs.StringVar(&c.registryDSN, "registry-dsn", env("REGISTRY_DSN", ""), "PostgreSQL registry DSN (env REGISTRY_DSN)")
+	fs.StringVar(&c.sinkDSN, "sink-dsn", env("SINK_DSN", ""), "sink database DSN; default the registry's (env SINK_DSN)")
+	fs.StringVar(&c.subjectPrefix, "subject-prefix", env("SUBJECT_PREFIX", "shardkeeper"), "spec.nats.subjectPrefix (env SUBJECT_PREFIX)")
+	fs.StringVar(&c.consumerName, "consumer-name", env("CONSUMER_NAME", "ingest"), "spec.nats.consumerName (env CONSUMER_NAME)")
+	fs.StringVar(&c.healthAddr, "health-addr", env("WORKER_HEALTH_ADDR", ":8081"), "address of /healthz, /readyz, /status, /metrics (env WORKER_HEALTH_ADDR)")
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "bound on a handover's wait for delivered rows")
+	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
+	fs.IntVar(&c.verbosity, "v", 0, "log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return c, fmt.Errorf("%w: %v", errBadFlag, err)
+	}
+	if c.sinkDSN == "" {
+		c.sinkDSN = c.registryDSN
+	}
+	var errs []error
+	for _, req := range []struct{ flag, val string }{
+		{"--topology", c.topology}, {"--member", c.member}, {"--nats-url", c.natsURL}, {"--registry-dsn", c.registryDSN},
+	} {
+		if req.val == "" {
+			errs = append(errs, fmt.Errorf("%w: %s is required", errBadFlag, req.flag))
+		}
+	}
+	return c, errors.Join(errs...)
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/worker"
+)
+
+func run(ctx context.Context, cfg config, log logr.Logger) error {
+	nc, err := connectNATS(cfg)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: cfg.registryDSN, MaxConns: 8, SkipMigrate: true})
+	if err != nil {
+		return fmt.Errorf("open registry: %w", err)
+	}
+	defer reg.Close()
+
+	sinkPool, err := pgxpool.New(ctx, cfg.sinkDSN)
+	if err != nil {
+		return fmt.Errorf("open sink: %w", err)
+	}
+	defer sinkPool.Close()
+	promReg := prometheus.NewRegistry()
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s, err := newSink(ctx, sinkPool, promReg)
+	if err != nil {
+		return err
+	}
+
+	w, err := worker.New(worker.Options{
+		Topology: cfg.topology, Member: cfg.member, Registry: reg, NATS: nc,
+		SubjectPrefix: cfg.subjectPrefix, ConsumerName: cfg.consumerName,
+		Handler: s.write, DrainTimeout: cfg.drainTimeout, FetchBatch: cfg.fetchBatch,
+		Logger: log, Metrics: promReg,
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := serveHTTP(cfg.healthAddr, w, promReg)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	log.Info("Worker starting", "member", cfg.member, "topology", cfg.topology)
+	return w.Run(ctx)
+}
+
+func connectNATS(cfg config) (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name("shardkeeper-worker " + cfg.member), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	if cfg.natsCreds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.natsCreds))
+	}
+	nc, err := nats.Connect(strings.TrimSpace(cfg.natsURL), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	return nc, nil
+}
+
+// serveHTTP starts the health, status and metrics endpoints.
+func serveHTTP(addr string, w *worker.Worker, reg *prometheus.Registry) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
+	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !w.Ready() {
+			http.Error(rw, "not ready: no lease or fenced", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(rw, "ok")
+	})
+	mux.HandleFunc("/status", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(w.Status())
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Println("health server:", err)
+		}
+	}()
+	return srv, nil
+}

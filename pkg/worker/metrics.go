@@ -1,0 +1,70 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the worker's Prometheus series, all prefixed
+// shardkeeper_worker_.
+type metrics struct {
+	unitsHeld       prometheus.Gauge
+	fenced          prometheus.Gauge
+	fences          prometheus.Counter
+	fencedSeconds   prometheus.Counter
+	joins           prometheus.Counter
+	renewFailures   prometheus.Counter
+	rowsSettled     *prometheus.CounterVec
+	rowsWithheld    prometheus.Counter
+	rowsNaked       prometheus.Counter
+	redeliveries    prometheus.Counter
+	takeovers       *prometheus.CounterVec
+	handoverSeconds prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		unitsHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardkeeper_worker_units_held",
+			Help: "Units this member holds a claim on."}),
+		fenced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardkeeper_worker_fenced",
+			Help: "1 while the member is fenced and delivers nothing."}),
+		fences: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_fences_total",
+			Help: "Times the member fenced itself."}),
+		fencedSeconds: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_fenced_seconds_total",
+			Help: "Seconds spent fenced after having held a lease."}),
+		joins: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_joins_total",
+			Help: "Incarnations started (the first join and every rejoin)."}),
+		renewFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_renew_failures_total",
+			Help: "Lease renewals that failed without losing the lease."}),
+		rowsSettled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_settled_total",
+			Help: "Rows settled, by settlement (ack, nak, term, abandon)."}, []string{"settlement"}),
+		rowsWithheld: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_withheld_total",
+			Help: "Rows neither delivered nor settled because the claim was lost or the member fenced."}),
+		rowsNaked: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_drain_naked_total",
+			Help: "Rows nak'd unhandled because a handover's drain timed out."}),
+		redeliveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_redeliveries_total",
+			Help: "Rows NATS delivered more than once (reset by a consumer RESET)."}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardkeeper_worker_takeovers_total",
+			Help: "Units adopted from a lapsed owner, by outcome: reset, or why RESET was not used."}, []string{"outcome"}),
+		handoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shardkeeper_worker_handover_seconds",
+			Help:    "Time from the decision to hand a unit over to its release.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+	}
+	m.fenced.Set(1) // until the first lease
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.unitsHeld, m.fenced, m.fences, m.fencedSeconds, m.joins, m.renewFailures, m.rowsSettled,
+		m.rowsWithheld, m.rowsNaked, m.redeliveries, m.takeovers, m.handoverSeconds} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, fmt.Errorf("%w: Metrics: a worker's metrics are already registered there", ErrBadOption)
+			}
+			return nil, fmt.Errorf("register worker metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,129 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// Options configure a Worker. The zero value of every tuning field means a
+// default that is safe as it is.
+type Options struct {
+	// Topology is the registry key of the ShardTopology, "namespace/name".
+	Topology string
+	// Member is this process's identity, normally its pod name.
+	Member string
+	// Registry is the ownership registry.
+	Registry poolctl.Registry
+	// NATS is a connection to the cluster that holds the unit consumers.
+	NATS *nats.Conn
+	// SubjectPrefix and ConsumerName name streams and consumers as the
+	// ShardTopology's spec.nats does (defaults "shardkeeper", "ingest").
+	SubjectPrefix, ConsumerName string
+	// Handler receives every row. It must return a Settlement.
+	Handler Handler
+
+	// FetchBatch is how many rows one pull asks for (default 64).
+	FetchBatch int
+	// FetchWait bounds one pull (default 1s). Shorter makes handovers
+	// start sooner; longer means fewer requests on idle units.
+	FetchWait time.Duration
+	// DrainTimeout bounds how long a handover waits for delivered rows to
+	// settle; rows still unsettled then are nak'd for the next owner
+	// (default 30s).
+	DrainTimeout time.Duration
+	// FenceMargin is subtracted from the lease to find the self-fence
+	// deadline (default: the registry's query bound). It covers the
+	// difference in clock rate between this process and the database.
+	FenceMargin time.Duration
+	// MaxCensusAge is the oldest census verdict the worker trusts to RESET
+	// a consumer on takeover (default 2m).
+	MaxCensusAge time.Duration
+	// Logger receives the worker's logs; the zero value discards them.
+	Logger logr.Logger
+	// Metrics, when set, receives the worker's Prometheus metrics.
+	Metrics prometheus.Registerer
+}
+
+// Handler processes one row. It runs on the unit's own goroutine; rows of
+// one unit arrive in order, one at a time.
+type Handler func(ctx context.Context, row Row) Settlement
+
+// ErrBadOption wraps every refusal of an option.
+var ErrBadOption = errors.New("bad worker option")
+
+func (o *Options) withDefaults() Options {
+	c := *o
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = "shardkeeper"
+	}
+	if c.ConsumerName == "" {
+		c.ConsumerName = "ingest"
+	}
+	if c.FetchBatch == 0 {
+		c.FetchBatch = 64
+	}
+	if c.FetchWait == 0 {
+		c.FetchWait = time.Second
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.MaxCensusAge == 0 {
+		c.MaxCensusAge = 2 * time.Minute
+	}
+	return c
+}
+
+// validate refuses options that cannot work, naming the option.
+func (o *Options) validate() error {
+	var errs []error
+	bad := func(option, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: "+format, append([]any{ErrBadOption, option}, args...)...))
+	}
+	if o.Topology == "" {
+		bad("Topology", "must name the ShardTopology as namespace/name")
+	}
+	if o.Member == "" {
+		bad("Member", "must be set (normally the pod name)")
+	}
+	if o.Registry == nil {
+		bad("Registry", "must be set")
+	}
+	if o.NATS == nil {
+		bad("NATS", "must be a connection")
+	}
+	if o.Handler == nil {
+		bad("Handler", "must be set")
+	}
+	// Reuse the API's naming rules through natsops's layout validation.
+	l := natsops.Layout{SubjectPrefix: o.SubjectPrefix, ConsumerName: o.ConsumerName, Partitions: 1, Shards: 1, Replicas: 1,
+		PinnedTTL: time.Second, AckWait: time.Second}
+	if err := l.Validate(); err != nil {
+		bad("SubjectPrefix/ConsumerName", "%v", err)
+	}
+	if o.FetchBatch < 1 || o.FetchBatch > 10000 {
+		bad("FetchBatch", "must be 1..10000, got %d", o.FetchBatch)
+	}
+	if o.FetchWait < 10*time.Millisecond || o.FetchWait > time.Minute {
+		bad("FetchWait", "must be 10ms..1m, got %s", o.FetchWait)
+	}
+	if o.DrainTimeout <= 0 || o.DrainTimeout > time.Hour {
+		bad("DrainTimeout", "must be above 0 and at most 1h, got %s", o.DrainTimeout)
+	}
+	if o.FenceMargin < 0 {
+		bad("FenceMargin", "must not be negative, got %s", o.FenceMargin)
+	}
+	if o.MaxCensusAge <= 0 {
+		bad("MaxCensusAge", "must be positive, got %s", o.MaxCensusAge)
+	}
+	return errors.Join(errs...)
+}
