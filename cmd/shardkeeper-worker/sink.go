@@ -48,7 +48,16 @@ type sink struct {
 }
 
 func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer) (*sink, error) {
-	if _, err := pool.Exec(ctx, sinkSchema); err != nil {
+	// CREATE TABLE IF NOT EXISTS races with itself when workers start
+	// together; an advisory lock makes them take turns.
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('shardkeeper_sink_rows'))`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sinkSchema)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("create sink table: %w", err)
 	}
 	s := &sink{

@@ -1,0 +1,222 @@
+package fleettest
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+)
+
+// SinkRow is one row as the reference worker wrote it.
+type SinkRow struct {
+	ID         string
+	Unit       string
+	Member     string
+	Deliveries int
+	WrittenAt  time.Time
+}
+
+// Sink reads the reference workers' sink table.
+func (f *Fleet) Sink(ctx context.Context) (map[string]SinkRow, error) {
+	conn, err := pgx.Connect(ctx, f.DSN)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT id, unit, member, deliveries, written_at FROM shardkeeper_sink_rows`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]SinkRow{}
+	for rows.Next() {
+		var r SinkRow
+		if err := rows.Scan(&r.ID, &r.Unit, &r.Member, &r.Deliveries, &r.WrittenAt); err != nil {
+			return nil, err
+		}
+		out[r.ID] = r
+	}
+	return out, rows.Err()
+}
+
+// Delivery sums up what reached the sink.
+type Delivery struct {
+	Published, Delivered, Missing int
+	// Duplicates counts extra writes of rows already written
+	// (at-least-once redeliveries the sink absorbed).
+	Duplicates int
+	// MaxGap is, per unit, the longest wait between consecutive first
+	// writes of its rows.
+	MaxGap map[string]time.Duration
+}
+
+// WaitDelivered waits until every published row is in the sink (P3) or
+// timeout passes, and reports duplicates and per-unit delivery gaps.
+func (f *Fleet) WaitDelivered(published map[string]ownership.Unit, timeout time.Duration) (Delivery, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+10*time.Second)
+	defer cancel()
+	deadline := time.Now().Add(timeout)
+	for {
+		sink, err := f.Sink(ctx)
+		if err != nil {
+			return Delivery{}, err
+		}
+		d := summarize(published, sink)
+		if d.Missing == 0 {
+			return d, nil
+		}
+		if time.Now().After(deadline) {
+			return d, fmt.Errorf("%d of %d published rows never reached the sink, e.g. %s",
+				d.Missing, d.Published, firstMissing(published, sink))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func summarize(published map[string]ownership.Unit, sink map[string]SinkRow) Delivery {
+	d := Delivery{Published: len(published), MaxGap: map[string]time.Duration{}}
+	byUnit := map[string][]time.Time{}
+	for id := range published {
+		r, ok := sink[id]
+		if !ok {
+			d.Missing++
+			continue
+		}
+		d.Delivered++
+		d.Duplicates += r.Deliveries - 1
+		byUnit[r.Unit] = append(byUnit[r.Unit], r.WrittenAt)
+	}
+	for u, ts := range byUnit {
+		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		for i := 1; i < len(ts); i++ {
+			d.MaxGap[u] = max(d.MaxGap[u], ts[i].Sub(ts[i-1]))
+		}
+	}
+	return d
+}
+
+func firstMissing(published map[string]ownership.Unit, sink map[string]SinkRow) string {
+	var ids []string
+	for id := range published {
+		if _, ok := sink[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	if len(ids) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s (unit %s)", ids[0], published[ids[0]])
+}
+
+// Monitor samples every running worker's own account of what it holds and
+// counts units that two unfenced workers claim at the same sample (P1) and
+// units of the active topology nobody delivers.
+type Monitor struct {
+	f    *Fleet
+	stop chan struct{}
+	done chan struct{}
+
+	mu     sync.Mutex
+	result MonitorResult
+	// topo is the active topology for unowned counting.
+	topo ownership.Topology
+}
+
+// MonitorResult is what a Monitor saw.
+type MonitorResult struct {
+	Samples int
+	// MaxMultiplyOwned is the most units held by two or more unfenced
+	// workers in one sample; MultiplyOwnedInstants sums them over samples.
+	MaxMultiplyOwned, MultiplyOwnedInstants int
+	// UnownedUnitSamples sums, over samples, active units no unfenced
+	// worker held.
+	UnownedUnitSamples int
+	// Examples names a few multiply-owned sightings.
+	Examples []string
+}
+
+// StartMonitor samples every interval until Stop.
+func (f *Fleet) StartMonitor(topo ownership.Topology, interval time.Duration) *Monitor {
+	m := &Monitor{f: f, topo: topo, stop: make(chan struct{}), done: make(chan struct{})}
+	go m.run(interval)
+	return m
+}
+
+// SetTopology changes the topology whose unowned units are counted.
+func (m *Monitor) SetTopology(t ownership.Topology) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.topo = t
+}
+
+func (m *Monitor) run(interval time.Duration) {
+	defer close(m.done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		m.sample()
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Monitor) sample() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	workers := m.f.Workers()
+	holders := map[string][]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := w.Status(ctx)
+			if err != nil || s.Fenced {
+				return // a stopped, paused or fenced worker delivers nothing
+			}
+			mu.Lock()
+			for u := range s.Held {
+				holders[u] = append(holders[u], w.Name)
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.result.Samples++
+	multi := 0
+	for u, hs := range holders {
+		if len(hs) > 1 {
+			multi++
+			if len(m.result.Examples) < 5 {
+				m.result.Examples = append(m.result.Examples, fmt.Sprintf("%s held by %v", u, hs))
+			}
+		}
+	}
+	m.result.MultiplyOwnedInstants += multi
+	m.result.MaxMultiplyOwned = max(m.result.MaxMultiplyOwned, multi)
+	for _, u := range m.topo.Units() {
+		if len(holders[u.String()]) == 0 {
+			m.result.UnownedUnitSamples++
+		}
+	}
+}
+
+// Stop ends sampling and returns the result.
+func (m *Monitor) Stop() MonitorResult {
+	close(m.stop)
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.result
+}

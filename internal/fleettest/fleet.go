@@ -1,0 +1,176 @@
+// Package fleettest runs a real fleet for tests and the demo: a NATS
+// JetStream cluster, a PostgreSQL registry, the unit consumers of a
+// topology, reference worker processes (cmd/shardkeeper-worker), a
+// publisher of uniquely numbered rows, and checkers for the promises: no
+// unit held by two workers at once (P1) and every published row in the
+// sink (P3), with duplicates counted.
+//
+// It owns the harness. What the workers and the registry do is the code
+// under test; this package only starts, observes and checks.
+package fleettest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/pgtest"
+)
+
+// Options shape a fleet.
+type Options struct {
+	// Partitions and Shards of the first epoch.
+	Partitions, Shards int
+	// Params are the registry's lease parameters; zero means a fast but
+	// valid set for tests.
+	Params poolctl.Params
+	// Servers in the NATS cluster (default 3) and replicas of every
+	// stream and consumer (default Servers).
+	Servers, Replicas int
+	// AckWait of the unit consumers (default 5s).
+	AckWait time.Duration
+	// DrainTimeout of each worker's handovers (default 5s).
+	DrainTimeout time.Duration
+}
+
+// FastParams are lease parameters that keep takeover tests short while
+// satisfying P5: grace >= renew interval + query bound.
+func FastParams() poolctl.Params {
+	return poolctl.Params{LeaseTTL: 2 * time.Second, RenewInterval: 400 * time.Millisecond,
+		QueryBound: 500 * time.Millisecond, Grace: time.Second}
+}
+
+// Fleet is a running fleet.
+type Fleet struct {
+	T        testing.TB
+	Opts     Options
+	NATS     *natstest.Cluster
+	PG       *pgtest.Server
+	DSN      string
+	Registry *poolctl.PG
+	Topology string
+	Layout   natsops.Layout
+
+	mu      sync.Mutex
+	workers map[string]*Worker
+}
+
+// Start starts NATS, PostgreSQL and the registry, provisions the first
+// epoch's consumers and activates it. Workers are started separately.
+func Start(t testing.TB, o Options) *Fleet {
+	t.Helper()
+	if o.Params == (poolctl.Params{}) {
+		o.Params = FastParams()
+	}
+	if o.Servers == 0 {
+		o.Servers = 3
+	}
+	if o.Replicas == 0 {
+		o.Replicas = o.Servers
+	}
+	if o.AckWait == 0 {
+		o.AckWait = 5 * time.Second
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = 5 * time.Second
+	}
+	f := &Fleet{T: t, Opts: o, Topology: "default/fleet", workers: map[string]*Worker{}}
+	f.NATS = natstest.StartCluster(t, o.Servers)
+	f.PG = pgtest.New(t)
+	f.DSN = f.PG.NewTestDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.DSN})
+	if err != nil {
+		t.Fatalf("open registry: %v", err)
+	}
+	t.Cleanup(reg.Close)
+	f.Registry = reg
+	if err := reg.EnsureTopology(ctx, f.Topology, o.Params); err != nil {
+		t.Fatalf("ensure topology: %v", err)
+	}
+	f.Layout = natsops.Layout{SubjectPrefix: "shardkeeper", ConsumerName: "ingest", Replicas: o.Replicas,
+		PinnedTTL: 30 * time.Second, AckWait: o.AckWait}
+	f.ChangeTopology(o.Partitions, o.Shards)
+	t.Cleanup(f.StopAll)
+	return f
+}
+
+// ChangeTopology provisions the consumers of (n, v) and rolls the registry
+// to it the way the operator does: pending, wait for every live member's
+// freeze acknowledgement, activate. It returns the new epoch.
+func (f *Fleet) ChangeTopology(n, v int) int64 {
+	f.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f.Layout.Partitions, f.Layout.Shards = n, v
+	if _, err := natsops.Provision(ctx, f.NATS.Connect(0), f.Layout); err != nil {
+		f.T.Fatalf("provision %dx%d: %v", n, v, err)
+	}
+	epoch, err := f.Registry.CreatePending(ctx, f.Topology, n, v)
+	if err != nil {
+		f.T.Fatalf("create pending %dx%d: %v", n, v, err)
+	}
+	Eventually(f.T, 30*time.Second, func() error {
+		return f.Registry.Activate(ctx, f.Topology, epoch)
+	})
+	return epoch
+}
+
+// Eventually polls cond until it returns nil or the deadline passes.
+func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %v", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var (
+	buildOnce sync.Once
+	workerBin string
+	buildErr  error
+)
+
+// WorkerBinary builds cmd/shardkeeper-worker once per test binary.
+func WorkerBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		root, err := testbed.RepoRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "shardkeeper-worker-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		workerBin = filepath.Join(dir, "shardkeeper-worker")
+		cmd := exec.Command("go", "build", "-o", workerBin, "./cmd/shardkeeper-worker")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build shardkeeper-worker: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return workerBin
+}

@@ -1,0 +1,97 @@
+package fleettest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+)
+
+// Publisher sends rows with unique ids (the Nats-Msg-Id header) to the
+// units of a topology it is told about, and remembers every id the
+// stream acknowledged.
+type Publisher struct {
+	f      *Fleet
+	js     jetstream.JetStream
+	mu     sync.Mutex
+	topo   ownership.Topology
+	acked  map[string]ownership.Unit
+	failed int
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// StartPublisher publishes about rate rows a second, round robin over the
+// units of topo, until Stop.
+func (f *Fleet) StartPublisher(topo ownership.Topology, rate int) *Publisher {
+	js, err := jetstream.New(f.NATS.Connect(-1))
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	p := &Publisher{f: f, js: js, topo: topo, acked: map[string]ownership.Unit{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go p.run(rate)
+	return p
+}
+
+// SetTopology switches the units rows go to, as publishers do once the
+// new epoch's consumers exist.
+func (p *Publisher) SetTopology(t ownership.Topology) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.topo = t
+}
+
+func (p *Publisher) run(rate int) {
+	defer close(p.done)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-p.stop:
+			return
+		case <-tick.C:
+		}
+		p.mu.Lock()
+		units := p.topo.Units()
+		p.mu.Unlock()
+		u := units[n%len(units)]
+		id := fmt.Sprintf("row-%08d", n)
+		msg := &nats.Msg{Subject: p.f.Layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{}, Data: []byte(id)}
+		msg.Header.Set(nats.MsgIdHdr, id)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := p.js.PublishMsg(ctx, msg)
+		cancel()
+		p.mu.Lock()
+		if err == nil {
+			p.acked[id] = u
+		} else {
+			p.failed++
+		}
+		p.mu.Unlock()
+	}
+}
+
+// Stop stops publishing and returns the ids the stream acknowledged.
+func (p *Publisher) Stop() map[string]ownership.Unit {
+	close(p.stop)
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]ownership.Unit, len(p.acked))
+	for k, v := range p.acked {
+		out[k] = v
+	}
+	return out
+}
+
+// Published is how many rows were acknowledged so far.
+func (p *Publisher) Published() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.acked)
+}
