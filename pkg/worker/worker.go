@@ -131,14 +131,21 @@ func (w *Worker) mayDeliver(u ownership.Unit, t poolctl.Token) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h := w.held[u]
-	return !w.fenced && time.Now().Before(w.fenceAt) && h != nil && h.token == t
+	return !w.fencedLocked() && h != nil && h.token == t
 }
 
 // Ready reports whether the worker holds a lease and is not fenced.
 func (w *Worker) Ready() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.lease != nil && !w.fenced
+	return w.lease != nil && !w.fencedLocked()
+}
+
+// fencedLocked is the fence as delivery sees it: set, or due on this
+// process's clock even if the watchdog has not run yet (a process resumed
+// after SIGSTOP runs its goroutines in any order). Callers hold w.mu.
+func (w *Worker) fencedLocked() bool {
+	return w.fenced || !time.Now().Before(w.fenceAt)
 }
 
 // Status is a point-in-time account of the worker, for health endpoints
@@ -155,7 +162,7 @@ type Status struct {
 func (w *Worker) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Status{Member: w.opts.Member, Fenced: w.fenced, Slot: -1, Held: map[string]int64{}}
+	s := Status{Member: w.opts.Member, Fenced: w.fencedLocked(), Slot: -1, Held: map[string]int64{}}
 	if w.lease != nil {
 		s.Incarnation, s.Slot = w.lease.Incarnation, w.lease.Slot
 	}

@@ -1,0 +1,129 @@
+package poolctl
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Sentinel errors. Typed errors below match them with errors.Is.
+var (
+	ErrUnknownTopology  = errors.New("unknown topology")
+	ErrNotMember        = errors.New("not a member")
+	ErrStaleIncarnation = errors.New("incarnation superseded by a later join")
+	ErrLeaseExpired     = errors.New("lease expired; join again")
+	ErrFenced           = errors.New("member is fenced")
+	ErrNoActiveEpoch    = errors.New("no active topology epoch")
+	ErrEpochMoved       = errors.New("active topology epoch moved")
+	ErrFrozen           = errors.New("claims frozen while a topology epoch is pending")
+	ErrUnitOutOfRange   = errors.New("unit not in the active topology epoch")
+	ErrHeld             = errors.New("unit held by another member")
+	ErrStaleEpoch       = errors.New("stale fencing epoch")
+	ErrStillHolding     = errors.New("member still holds claims")
+	ErrPendingExists    = errors.New("another topology epoch is pending")
+	ErrEpochState       = errors.New("topology epoch in the wrong state")
+	ErrFreezeIncomplete = errors.New("not every live member acknowledged the freeze")
+	ErrConflict         = errors.New("concurrent registry change; retry")
+	ErrInvalid          = errors.New("invalid argument")
+	ErrSchemaTooNew     = errors.New("registry schema is newer than this binary")
+)
+
+// HeldReason says why a held unit cannot be taken.
+type HeldReason string
+
+// Reasons a claim on a held unit is refused.
+const (
+	// HeldOwnerLive: the owner's lease has not expired.
+	HeldOwnerLive HeldReason = "owner-live"
+	// HeldOwnerGrace: the owner's lease expired less than the grace ago.
+	HeldOwnerGrace HeldReason = "owner-grace"
+	// HeldClaimerFenceGrace: the claimer's own fence lifted less than the
+	// grace ago.
+	HeldClaimerFenceGrace HeldReason = "claimer-fence-grace"
+	// HeldHandoverToOther: the owner handed the unit to another member
+	// and its lease has not lapsed past the grace.
+	HeldHandoverToOther HeldReason = "handover-to-other"
+)
+
+// HeldError refuses a claim on a unit another member holds.
+type HeldError struct {
+	Unit   string
+	Owner  string
+	Epoch  int64
+	Reason HeldReason
+	// AdoptableAt is the earliest registry time adoption may happen, zero
+	// when it does not depend on time alone.
+	AdoptableAt time.Time
+}
+
+// Error implements error.
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("unit %s held by %s at epoch %d (%s)", e.Unit, e.Owner, e.Epoch, e.Reason)
+}
+
+// Is matches ErrHeld.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// StaleReason says why a token is no longer valid.
+type StaleReason string
+
+// Reasons a token is stale.
+const (
+	// StaleMoved: the claim is at another epoch or with another owner.
+	StaleMoved StaleReason = "moved"
+	// StaleFree: the unit was released.
+	StaleFree StaleReason = "free"
+	// StaleAbsent: the unit was never claimed.
+	StaleAbsent StaleReason = "absent"
+	// StaleLease: the holder's lease expired, it left, or a later
+	// incarnation of it joined and has not re-homed the claim.
+	StaleLease StaleReason = "lease"
+)
+
+// StaleEpochError refuses a write, release or handover from a token that is
+// not current.
+type StaleEpochError struct {
+	Token  Token
+	Reason StaleReason
+	// Owner and Epoch are the claim's current owner and epoch.
+	Owner string
+	Epoch int64
+}
+
+// Error implements error.
+func (e *StaleEpochError) Error() string {
+	return fmt.Sprintf("token %s refused (%s): claim is at epoch %d owned by %q", e.Token, e.Reason, e.Epoch, e.Owner)
+}
+
+// Is matches ErrStaleEpoch.
+func (e *StaleEpochError) Is(target error) bool { return target == ErrStaleEpoch }
+
+// HoldingError refuses Leave while the member holds claims.
+type HoldingError struct {
+	Member string
+	Units  int
+}
+
+// Error implements error.
+func (e *HoldingError) Error() string {
+	return fmt.Sprintf("member %s still holds %d claims: hand over or release them first", e.Member, e.Units)
+}
+
+// Is matches ErrStillHolding.
+func (e *HoldingError) Is(target error) bool { return target == ErrStillHolding }
+
+// FreezeIncompleteError refuses activation while live members have not
+// acknowledged the freeze.
+type FreezeIncompleteError struct {
+	Epoch   int64
+	Missing []string
+}
+
+// Error implements error.
+func (e *FreezeIncompleteError) Error() string {
+	return fmt.Sprintf("epoch %d: members %s have not acknowledged the freeze", e.Epoch, strings.Join(e.Missing, ", "))
+}
+
+// Is matches ErrFreezeIncomplete.
+func (e *FreezeIncompleteError) Is(target error) bool { return target == ErrFreezeIncomplete }

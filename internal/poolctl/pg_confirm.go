@@ -1,0 +1,105 @@
+package poolctl
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// confirmSQL is ConfirmOwned's single statement. It checks the member's
+// lease, re-homes claims of earlier incarnations onto this one (raising
+// their epochs, so older tokens go stale), and returns one member row, one
+// row per held claim and one row per expected unit no longer held.
+const confirmSQL = `
+	WITH t AS (SELECT shardkeeper.clock($1) AS now),
+	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
+	ok AS (SELECT 1 FROM me, t WHERE me.incarnation = $3 AND me.left_at IS NULL AND me.lease_expires_at > t.now),
+	rehome AS (
+		UPDATE shardkeeper.claims c
+		   SET owner_incarnation = $3, fencing_epoch = c.fencing_epoch + 1, updated_at = t.now
+		  FROM t
+		 WHERE EXISTS (SELECT 1 FROM ok) AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free'
+		   AND c.owner_incarnation <> $3
+		RETURNING c.unit, c.fencing_epoch, c.state),
+	held AS (
+		SELECT unit, fencing_epoch, state FROM rehome
+		UNION ALL
+		SELECT c.unit, c.fencing_epoch, c.state FROM shardkeeper.claims c
+		 WHERE EXISTS (SELECT 1 FROM ok) AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free'
+		   AND c.owner_incarnation = $3),
+	want AS (SELECT * FROM unnest($4::text[], $5::bigint[]) AS w(unit, epoch))
+	SELECT 'member' AS kind, NULL::text AS unit, NULL::bigint AS expected, NULL::bigint AS epoch, NULL::text AS state,
+	       NULL::text AS owner, t.now, ` + `me.member, coalesce(me.slot, -1), me.incarnation, me.lease_expires_at,
+	       me.left_at IS NOT NULL, me.fenced, me.fence_lifted_at
+	  FROM t LEFT JOIN me ON true
+	UNION ALL
+	SELECT 'held', h.unit, NULL, h.fencing_epoch, h.state, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+	  FROM held h
+	UNION ALL
+	SELECT 'moved', w.unit, w.epoch, c.fencing_epoch, c.state, c.owner, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+	  FROM want w LEFT JOIN shardkeeper.claims c ON c.topology = $1 AND c.unit = w.unit
+	 WHERE EXISTS (SELECT 1 FROM ok) AND w.unit NOT IN (SELECT unit FROM held)`
+
+// ConfirmOwned implements Registry in one statement (one round trip once
+// the statement is prepared on the connection, however many claims).
+func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]int64) (Confirmation, error) {
+	units := make([]string, 0, len(expected))
+	epochs := make([]int64, 0, len(expected))
+	for u, e := range expected {
+		units = append(units, u)
+		epochs = append(epochs, e)
+	}
+	rows, err := p.pool.Query(ctx, confirmSQL, m.Topology, m.Member, m.Incarnation, units, epochs)
+	if err != nil {
+		return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
+	}
+	defer rows.Close()
+	var (
+		now *time.Time
+		me  *memberRow
+		c   = Confirmation{Held: map[string]Token{}}
+	)
+	for rows.Next() {
+		var (
+			kind               string
+			unit, state, owner *string
+			expectedEp, epoch  *int64
+			rowNow             *time.Time
+			ms                 memberScan
+		)
+		if err := rows.Scan(scanAll([]any{&kind, &unit, &expectedEp, &epoch, &state, &owner, &rowNow}, ms.dest())...); err != nil {
+			return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
+		}
+		switch kind {
+		case "member":
+			now, me = rowNow, ms.row()
+		case "held":
+			c.Held[*unit] = Token{Topology: m.Topology, Unit: *unit, Member: m.Member, Epoch: *epoch}
+			if ClaimState(*state) == StateHandover {
+				c.Handover = append(c.Handover, *unit)
+			}
+		case "moved":
+			mv := Moved{Unit: *unit, Expected: *expectedEp}
+			if epoch != nil {
+				mv.Epoch, mv.State = *epoch, ClaimState(*state)
+				if owner != nil {
+					mv.Owner = *owner
+				}
+			}
+			c.Moved = append(c.Moved, mv)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
+	}
+	if err := topologyErr(m.Topology, now); err != nil {
+		return Confirmation{}, err
+	}
+	if err := checkMember(m, me, *now); err != nil {
+		return Confirmation{}, fmt.Errorf("confirm owned: %w", err)
+	}
+	sort.Strings(c.Handover)
+	sort.Slice(c.Moved, func(i, j int) bool { return c.Moved[i].Unit < c.Moved[j].Unit })
+	return c, nil
+}

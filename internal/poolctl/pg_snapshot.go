@@ -1,0 +1,115 @@
+package poolctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// snapshotSQL reads a topology's whole state in one statement; nested rows
+// come back as JSON.
+const snapshotSQL = `
+	WITH t AS (SELECT topology, shardkeeper.clock(topology) AS now, lease_ttl, renew_interval, query_bound, grace
+	             FROM shardkeeper.topologies WHERE topology = $1)
+	SELECT t.now, t.lease_ttl, t.renew_interval, t.query_bound, t.grace,
+	  (SELECT coalesce(json_agg(json_build_object(
+	      'number', e.epoch, 'partitions', e.partitions, 'shards', e.shards, 'state', e.state,
+	      'acked', (SELECT coalesce(json_agg(a.member ORDER BY a.member COLLATE "C"), '[]'::json)
+	                  FROM shardkeeper.freeze_acks a
+	                  JOIN shardkeeper.members m ON m.topology = a.topology AND m.member = a.member AND m.incarnation = a.incarnation
+	                 WHERE a.topology = e.topology AND a.epoch = e.epoch AND e.state = 'pending'))), '[]'::json)
+	     FROM shardkeeper.epochs e WHERE e.topology = t.topology AND e.state <> 'retired'),
+	  (SELECT coalesce(json_agg(json_build_object(
+	      'name', m.member, 'slot', coalesce(m.slot, -1), 'incarnation', m.incarnation,
+	      'leaseExpiresAt', m.lease_expires_at, 'left', m.left_at IS NOT NULL, 'fenced', m.fenced,
+	      'fenceLiftedAt', m.fence_lifted_at,
+	      'holds', (SELECT count(*) FROM shardkeeper.claims c WHERE c.topology = m.topology AND c.owner = m.member),
+	      'handovers', (SELECT count(*) FROM shardkeeper.claims c
+	                     WHERE c.topology = m.topology AND c.owner = m.member AND c.state = 'handover'))
+	      ORDER BY m.member COLLATE "C"), '[]'::json)
+	     FROM shardkeeper.members m WHERE m.topology = t.topology),
+	  r.allowed, r.census_taken_at, r.reason, k.held, k.handover, k.free
+	FROM t
+	LEFT JOIN shardkeeper.reset_permissions r ON r.topology = t.topology
+	CROSS JOIN LATERAL (
+	  SELECT count(*) FILTER (WHERE c.state = 'held')::int AS held,
+	         count(*) FILTER (WHERE c.state = 'handover')::int AS handover,
+	         count(*) FILTER (WHERE c.state = 'free')::int AS free
+	    FROM shardkeeper.claims c WHERE c.topology = t.topology) k`
+
+type snapEpoch struct {
+	Number     int64      `json:"number"`
+	Partitions int        `json:"partitions"`
+	Shards     int        `json:"shards"`
+	State      EpochState `json:"state"`
+	Acked      []string   `json:"acked"`
+}
+
+type snapMember struct {
+	Name           string    `json:"name"`
+	Slot           int       `json:"slot"`
+	Incarnation    int64     `json:"incarnation"`
+	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
+	Left           bool      `json:"left"`
+	Fenced         bool      `json:"fenced"`
+	FenceLiftedAt  time.Time `json:"fenceLiftedAt"`
+	Holds          int       `json:"holds"`
+	Handovers      int       `json:"handovers"`
+}
+
+// Snapshot implements Registry in one statement.
+func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
+	s := Snapshot{Topology: topology}
+	var (
+		epochsJSON, membersJSON []byte
+		allowed                 *bool
+		takenAt                 *time.Time
+		reason                  *string
+	)
+	err := p.pool.QueryRow(ctx, snapshotSQL, topology).Scan(&s.Now, &s.Params.LeaseTTL, &s.Params.RenewInterval,
+		&s.Params.QueryBound, &s.Params.Grace, &epochsJSON, &membersJSON, &allowed, &takenAt, &reason,
+		&s.Counts.Held, &s.Counts.Handover, &s.Counts.Free)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Snapshot{}, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
+	} else if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot of %s: %w", topology, err)
+	}
+	var (
+		epochs  []snapEpoch
+		members []snapMember
+	)
+	if err := json.Unmarshal(epochsJSON, &epochs); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot of %s: decode epochs: %w", topology, err)
+	}
+	if err := json.Unmarshal(membersJSON, &members); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot of %s: decode members: %w", topology, err)
+	}
+	for _, e := range epochs {
+		ep := &Epoch{Number: e.Number, Partitions: e.Partitions, Shards: e.Shards, State: e.State}
+		switch e.State {
+		case EpochActive:
+			s.Active = ep
+		case EpochPending:
+			ep.Acked = e.Acked
+			if len(ep.Acked) == 0 {
+				ep.Acked = nil
+			}
+			s.Pending = ep
+		}
+	}
+	for _, m := range members {
+		s.Members = append(s.Members, Member{
+			Name: m.Name, Slot: m.Slot, Incarnation: m.Incarnation, LeaseExpiresAt: m.LeaseExpiresAt,
+			Live: !m.Left && s.Now.Before(m.LeaseExpiresAt), Left: m.Left, Fenced: m.Fenced,
+			FenceLiftedAt: m.FenceLiftedAt, Holds: m.Holds, Handovers: m.Handovers,
+		})
+	}
+	if allowed != nil {
+		s.Reset = ResetPermission{Allowed: *allowed, CensusAge: s.Now.Sub(*takenAt), Reason: *reason, Published: true}
+	}
+	return s, nil
+}

@@ -1,0 +1,323 @@
+package poolctl
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Registry is the ownership registry of one or more ShardTopologies. The
+// PostgreSQL implementation (PG) and the in-memory twin (Twin) both satisfy
+// it and must give the same answers; the fault matrix checks that they do.
+//
+// Every operation is one statement or one transaction. Every change of a
+// claim is a compare-and-set on its fencing epoch. Expiry is judged on the
+// registry's clock only; no operation takes a time from the caller.
+type Registry interface {
+	// EnsureTopology creates the topology or updates its lease parameters.
+	EnsureTopology(ctx context.Context, topology string, p Params) error
+
+	// Join starts a new incarnation of member (a pod name). The member
+	// gets its old slot back when no live member took it meanwhile,
+	// otherwise the lowest slot no live member holds. Claims held by an
+	// earlier incarnation stay with the member (they are judged by the
+	// member's current lease) until ConfirmOwned re-homes them.
+	Join(ctx context.Context, topology, member string) (Lease, error)
+	// Renew extends a live lease. A lease that has expired cannot be
+	// renewed: the member must Join again (ErrLeaseExpired).
+	Renew(ctx context.Context, m MemberRef) (Lease, error)
+	// Leave ends the membership. It refuses (ErrStillHolding) while the
+	// member holds any claim, so it never releases anything silently.
+	Leave(ctx context.Context, m MemberRef) error
+	// Fence records that the member is fenced: it may not claim anything.
+	Fence(ctx context.Context, m MemberRef) error
+	// Unfence lifts the fence. The member may claim free units at once but
+	// may adopt only after the grace has passed since the lift (P5).
+	Unfence(ctx context.Context, m MemberRef) error
+
+	// Claim takes unit for the member under the active topology epoch
+	// under, raising its fencing epoch by one. The unit must be free,
+	// never claimed, handed over to this member (or to anyone), held by an
+	// earlier incarnation of this member, or adoptable under P5. Claiming
+	// a unit this incarnation already holds returns its token unchanged.
+	Claim(ctx context.Context, m MemberRef, under int64, unit string) (Claim, error)
+	// Handover records the owner's intent to give the unit to member to
+	// (or to anyone when to is ""). The owner must have stopped delivering
+	// it. The unit stays held by the owner until the new owner's Claim or
+	// the owner's Release settles it.
+	Handover(ctx context.Context, t Token, to string) error
+	// Release gives the unit up. The row stays (state free), keeping the
+	// fencing epoch so it never goes back.
+	Release(ctx context.Context, t Token) error
+	// ConfirmOwned confirms, in one statement, every claim the member holds,
+	// re-homing claims of earlier incarnations onto this one (which raises
+	// their epochs), and reports which expected units moved.
+	ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]int64) (Confirmation, error)
+	// Checkpoint records the unit's checkpoint sequence. It is a guarded
+	// write: refused with a *StaleEpochError unless the token is valid.
+	Checkpoint(ctx context.Context, t Token, seq int64) error
+	// CheckToken reports whether the token is valid now: the claim is held
+	// at its epoch by the member's current incarnation, whose lease is
+	// live. It returns a *StaleEpochError otherwise.
+	CheckToken(ctx context.Context, t Token) error
+
+	// CreatePending writes the next topology epoch (partitions x shards)
+	// as pending, which freezes claims. Only one epoch may be pending; a
+	// repeat with the same shape returns the pending epoch.
+	CreatePending(ctx context.Context, topology string, partitions, shards int) (int64, error)
+	// AckFreeze records that the member's current incarnation stopped
+	// taking claims for the pending epoch.
+	AckFreeze(ctx context.Context, m MemberRef, epoch int64) error
+	// Activate makes the pending epoch active and retires the previous
+	// active one, in one transaction, once every live member acknowledged
+	// the freeze (*FreezeIncompleteError otherwise).
+	Activate(ctx context.Context, topology string, epoch int64) error
+	// Retire abandons a pending epoch (the abort path). The active epoch is
+	// retired only by activating its successor.
+	Retire(ctx context.Context, topology string, epoch int64) error
+
+	// PublishResetPermission records the operator's census verdict on
+	// consumer RESET for the workers (P4).
+	PublishResetPermission(ctx context.Context, topology string, p ResetPermission) error
+	// Snapshot reads, in one round trip, what a worker needs each tick: the
+	// registry's clock, parameters, active and pending epochs, members and
+	// the RESET permission, with claim counts for status.
+	Snapshot(ctx context.Context, topology string) (Snapshot, error)
+	// Claims lists every claim row of the topology, sorted by unit.
+	Claims(ctx context.Context, topology string) ([]ClaimInfo, error)
+}
+
+// Params are a topology's lease parameters.
+type Params struct {
+	// LeaseTTL is how long a renewal keeps a member live.
+	LeaseTTL time.Duration
+	// RenewInterval is how often workers renew.
+	RenewInterval time.Duration
+	// QueryBound is the longest a registry query may take before the
+	// worker gives up on it.
+	QueryBound time.Duration
+	// Grace is added to a lapsed lease before its units may be adopted,
+	// and to a lifted fence before its member may adopt. P5 requires at
+	// least RenewInterval + QueryBound.
+	Grace time.Duration
+}
+
+// DefaultParams are safe defaults: a 10s lease renewed every 3s, queries
+// bounded at 2s, and a 5s grace.
+func DefaultParams() Params {
+	return Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second, Grace: 5 * time.Second}
+}
+
+// Validate checks the parameters against P5.
+func (p Params) Validate() error {
+	switch {
+	case p.LeaseTTL <= 0 || p.RenewInterval <= 0 || p.QueryBound <= 0 || p.Grace <= 0:
+		return fmt.Errorf("lease parameters must be positive: %w", ErrInvalid)
+	case p.RenewInterval+p.QueryBound >= p.LeaseTTL:
+		return fmt.Errorf("renew interval %v plus query bound %v must be shorter than the lease TTL %v: %w",
+			p.RenewInterval, p.QueryBound, p.LeaseTTL, ErrInvalid)
+	case p.Grace < p.RenewInterval+p.QueryBound:
+		return fmt.Errorf("grace %v is shorter than renew interval %v plus query bound %v (P5): %w",
+			p.Grace, p.RenewInterval, p.QueryBound, ErrInvalid)
+	}
+	return nil
+}
+
+// normalized truncates to the microsecond, PostgreSQL's resolution.
+func (p Params) normalized() Params {
+	return Params{
+		LeaseTTL:      p.LeaseTTL.Truncate(time.Microsecond),
+		RenewInterval: p.RenewInterval.Truncate(time.Microsecond),
+		QueryBound:    p.QueryBound.Truncate(time.Microsecond),
+		Grace:         p.Grace.Truncate(time.Microsecond),
+	}
+}
+
+// MemberRef names one incarnation of a member.
+type MemberRef struct {
+	Topology    string
+	Member      string
+	Incarnation int64
+}
+
+// Lease is what Join and Renew grant.
+type Lease struct {
+	MemberRef
+	// Slot is the member's position in the placement hash.
+	Slot int
+	// TTL is the lease length. The registry counts it from when it ran the
+	// request, which is no earlier than when the caller sent it, so a
+	// worker that fences itself at sent+TTL-margin on its own monotonic
+	// clock stops before the registry can see the lease as expired.
+	TTL time.Duration
+	// ExpiresAt is the expiry on the registry's clock.
+	ExpiresAt time.Time
+}
+
+// Token is what a holder presents with every write: the claim at one
+// fencing epoch. Sinks check it (GuardedExec, CheckToken, EpochFence).
+type Token struct {
+	Topology string
+	Unit     string
+	Member   string
+	Epoch    int64
+}
+
+// String names the token for errors and logs.
+func (t Token) String() string {
+	return fmt.Sprintf("%s/%s@%d by %s", t.Topology, t.Unit, t.Epoch, t.Member)
+}
+
+// Claim is the result of a successful Claim.
+type Claim struct {
+	Token
+	// Adopted says the unit was taken from From after its lease lapsed
+	// (the takeover path, where RESET may apply).
+	Adopted bool
+	// Settled says the claim settled From's handover intent.
+	Settled bool
+	// From is the previous owner, "" when the unit was free or new.
+	From string
+	// CheckpointSeq is the last checkpoint recorded for the unit.
+	CheckpointSeq int64
+	// At is the registry's clock at the decision.
+	At time.Time
+}
+
+// Confirmation is the result of ConfirmOwned.
+type Confirmation struct {
+	// Held is every claim the member holds, homed on the calling
+	// incarnation, at its current epoch. An epoch that differs from the
+	// expected one means the caller's old tokens for that unit are stale.
+	Held map[string]Token
+	// Handover lists held units with a handover intent recorded, sorted.
+	Handover []string
+	// Moved lists expected units the member no longer holds, sorted by unit.
+	Moved []Moved
+}
+
+// Moved is an expected claim that is no longer the member's.
+type Moved struct {
+	Unit     string
+	Expected int64
+	// Owner is the current owner, "" if free or absent.
+	Owner string
+	// Epoch is the current fencing epoch, 0 if the row is absent.
+	Epoch int64
+	State ClaimState
+}
+
+// ClaimState is the state of a claim row.
+type ClaimState string
+
+// Claim row states. An absent row means the unit was never claimed; a free
+// row means it was cleanly released. Both are claimable at once (P6).
+const (
+	StateHeld     ClaimState = "held"
+	StateHandover ClaimState = "handover"
+	StateFree     ClaimState = "free"
+)
+
+// ClaimInfo is one claim row.
+type ClaimInfo struct {
+	Unit             string
+	Owner            string
+	OwnerIncarnation int64
+	Epoch            int64
+	State            ClaimState
+	HandoverTo       string
+	CheckpointSeq    int64
+}
+
+// EpochState is the state of a topology epoch.
+type EpochState string
+
+// Topology epoch states: exactly one epoch is active once the first was
+// activated; at most one is pending.
+const (
+	EpochPending EpochState = "pending"
+	EpochActive  EpochState = "active"
+	EpochRetired EpochState = "retired"
+)
+
+// Epoch is a topology epoch.
+type Epoch struct {
+	Number     int64
+	Partitions int
+	Shards     int
+	State      EpochState
+	// Acked lists members whose current incarnation acknowledged the freeze
+	// (pending epochs only), sorted.
+	Acked []string
+}
+
+// Member is one member row.
+type Member struct {
+	Name string
+	// Slot is -1 when the member has none (its slot was taken while it
+	// was not live).
+	Slot           int
+	Incarnation    int64
+	LeaseExpiresAt time.Time
+	// Live means not left and the lease has not expired.
+	Live   bool
+	Left   bool
+	Fenced bool
+	// FenceLiftedAt is when the last fence lifted (zero if never). A rejoin
+	// after a lapsed lease counts as lifting the self-fence.
+	FenceLiftedAt time.Time
+	// Holds counts claims held (including in handover).
+	Holds int
+	// Handovers counts held claims with a handover intent.
+	Handovers int
+}
+
+// ResetPermission is the operator's census verdict on consumer RESET.
+type ResetPermission struct {
+	Allowed bool
+	// CensusAge is the census's age when published (write) or now (read).
+	CensusAge time.Duration
+	Reason    string
+	// Published is false when none was ever published (read only).
+	Published bool
+}
+
+// Counts are claim counts for status. Two owners of one unit cannot be
+// represented: the unit is the row's key.
+type Counts struct {
+	Held, Handover, Free int
+}
+
+// Snapshot is a topology's registry state at one instant.
+type Snapshot struct {
+	Topology string
+	// Now is the registry's clock.
+	Now     time.Time
+	Params  Params
+	Active  *Epoch
+	Pending *Epoch
+	Members []Member
+	Reset   ResetPermission
+	Counts  Counts
+}
+
+// Member returns the named member, or nil.
+func (s Snapshot) Member(name string) *Member {
+	for i := range s.Members {
+		if s.Members[i].Name == name {
+			return &s.Members[i]
+		}
+	}
+	return nil
+}
+
+// LiveMembers returns the live members, sorted by name.
+func (s Snapshot) LiveMembers() []Member {
+	var out []Member
+	for _, m := range s.Members {
+		if m.Live {
+			out = append(out, m)
+		}
+	}
+	return out
+}
