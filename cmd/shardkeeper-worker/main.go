@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -39,7 +40,11 @@ func main() {
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: cfg.verbosity})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
+	runFn := run
+	if cfg.strategy == "independent" {
+		runFn = runIndependent
+	}
+	if err := runFn(ctx, cfg, log); err != nil {
 		log.Error(err, "Worker stopped")
 		os.Exit(1)
 	}
@@ -55,6 +60,10 @@ type config struct {
 	drainTimeout                time.Duration
 	fetchBatch                  int
 	verbosity                   int
+	// strategy is "sequenced" (the registry protocol) or "independent"
+	// (the baseline: partitions x shards over replicas, fixed at start).
+	strategy                     string
+	partitions, shards, replicas int
 }
 
 // errBadFlag wraps every configuration refusal.
@@ -81,6 +90,10 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "bound on a handover's wait for delivered rows")
 	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity")
+	fs.StringVar(&c.strategy, "strategy", env("WORKER_STRATEGY", "sequenced"), "sequenced, or independent (a baseline for comparison) (env WORKER_STRATEGY)")
+	fs.IntVar(&c.partitions, "partitions", envInt(getenv, "PARTITIONS"), "independent strategy only: N (env PARTITIONS)")
+	fs.IntVar(&c.shards, "shards", envInt(getenv, "SHARDS"), "independent strategy only: V (env SHARDS)")
+	fs.IntVar(&c.replicas, "replicas", envInt(getenv, "REPLICAS"), "independent strategy only: pods in the StatefulSet (env REPLICAS)")
 	if err := fs.Parse(args); err != nil {
 		return c, fmt.Errorf("%w: %v", errBadFlag, err)
 	}
@@ -88,12 +101,29 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 		c.sinkDSN = c.registryDSN
 	}
 	var errs []error
-	for _, req := range []struct{ flag, val string }{
-		{"--topology", c.topology}, {"--member", c.member}, {"--nats-url", c.natsURL}, {"--registry-dsn", c.registryDSN},
-	} {
+	required := []struct{ flag, val string }{{"--member", c.member}, {"--nats-url", c.natsURL}}
+	switch c.strategy {
+	case "sequenced":
+		required = append(required, struct{ flag, val string }{"--topology", c.topology}, struct{ flag, val string }{"--registry-dsn", c.registryDSN})
+	case "independent":
+		required = append(required, struct{ flag, val string }{"--sink-dsn or --registry-dsn", c.sinkDSN})
+		if c.replicas < 1 {
+			errs = append(errs, fmt.Errorf("%w: --replicas must be at least 1 with --strategy independent", errBadFlag))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("%w: --strategy must be sequenced or independent, got %q", errBadFlag, c.strategy))
+	}
+	for _, req := range required {
 		if req.val == "" {
 			errs = append(errs, fmt.Errorf("%w: %s is required", errBadFlag, req.flag))
 		}
 	}
 	return c, errors.Join(errs...)
+}
+
+// envInt reads an integer environment variable, 0 when unset or bad (the
+// flag's validation then names it).
+func envInt(getenv func(string) string, name string) int {
+	n, _ := strconv.Atoi(getenv(name))
+	return n
 }

@@ -47,9 +47,10 @@ type sink struct {
 	refused    prometheus.Counter
 }
 
-func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer) (*sink, error) {
-	// CREATE TABLE IF NOT EXISTS races with itself when workers start
-	// together; an advisory lock makes them take turns.
+// createSinkTable creates the sink table if it is missing. CREATE TABLE IF
+// NOT EXISTS races with itself when workers start together; an advisory
+// lock makes them take turns.
+func createSinkTable(ctx context.Context, pool *pgxpool.Pool) error {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('shardkeeper_sink_rows'))`); err != nil {
 			return err
@@ -58,7 +59,14 @@ func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create sink table: %w", err)
+		return fmt.Errorf("create sink table: %w", err)
+	}
+	return nil
+}
+
+func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer) (*sink, error) {
+	if err := createSinkTable(ctx, pool); err != nil {
+		return nil, err
 	}
 	s := &sink{
 		pool: pool,

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/pkg/worker"
+)
+
+// runIndependent is the baseline the end-to-end test compares against:
+// what fleets commonly do today. The worker places units on its own, with
+// the N and V it was started with, over the replica count it was started
+// with, and pulls its share with no registry, no claims and no fencing. A
+// pod restart with a new N or V is the only way a change reaches it. It
+// exists to be measured, not used.
+func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
+	ordinal, err := podOrdinal(cfg.member)
+	if err != nil {
+		return err
+	}
+	topo := ownership.Topology{Partitions: cfg.partitions, Shards: cfg.shards}
+	if err := topo.Validate(); err != nil {
+		return fmt.Errorf("%w: --partitions/--shards: %v", errBadFlag, err)
+	}
+	slots := make([]ownership.Slot, cfg.replicas)
+	for i := range slots {
+		slots[i] = ownership.Slot(i)
+	}
+	mine := ownership.Place(topo.Units(), slots).UnitsOf(ownership.Slot(ordinal))
+
+	nc, err := connectNATS(cfg)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, cfg.sinkDSN)
+	if err != nil {
+		return fmt.Errorf("open sink: %w", err)
+	}
+	defer pool.Close()
+	if err := createSinkTable(ctx, pool); err != nil {
+		return err
+	}
+	srv, err := serveIndependentStatus(cfg, mine)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	layout := natsops.Layout{SubjectPrefix: cfg.subjectPrefix, ConsumerName: cfg.consumerName}
+	log.Info("Independent worker starting", "ordinal", ordinal, "units", len(mine), "topology", topo.String())
+	var wg sync.WaitGroup
+	for _, u := range mine {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pullIndependently(ctx, js, pool, layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}), u, cfg)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// pullIndependently takes the unit's pin once at start, then pulls and
+// writes until ctx ends. Nothing checks that another pod still pulls it.
+func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config) {
+	if s, err := js.Stream(ctx, ref.Stream); err == nil {
+		_ = s.UnpinConsumer(ctx, ref.Name, natsops.PriorityGroup)
+	}
+	var cons jetstream.Consumer
+	for ctx.Err() == nil {
+		if cons == nil {
+			c, err := js.Consumer(ctx, ref.Stream, ref.Name)
+			if err != nil {
+				time.Sleep(200 * time.Millisecond)
+				continue
+			}
+			cons = c
+		}
+		batch, err := cons.Fetch(cfg.fetchBatch, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+		if err != nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		for msg := range batch.Messages() {
+			row := worker.Row{Unit: u, Headers: msg.Headers()}
+			if md, err := msg.Metadata(); err == nil {
+				row.StreamSeq = md.Sequence.Stream
+			}
+			if _, err := pool.Exec(ctx, insertUnguarded, rowID(row), u.String(), cfg.member); err == nil {
+				_ = msg.Ack()
+			}
+		}
+	}
+}
+
+// insertUnguarded is the baseline's write: no claim, no epoch.
+const insertUnguarded = `
+INSERT INTO shardkeeper_sink_rows (id, unit, epoch, member) VALUES ($1, $2, 0, $3)
+ON CONFLICT (id) DO UPDATE SET deliveries = shardkeeper_sink_rows.deliveries + 1, member = EXCLUDED.member`
+
+// serveIndependentStatus reports the units this worker believes it owns,
+// in the same shape as the sequenced worker's /status.
+func serveIndependentStatus(cfg config, mine []ownership.Unit) (*http.Server, error) {
+	st := worker.Status{Member: cfg.member, Slot: -1, Held: map[string]int64{}}
+	for _, u := range mine {
+		st.Held[u.String()] = 0
+	}
+	mux := http.NewServeMux()
+	ok := func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") }
+	mux.HandleFunc("/healthz", ok)
+	mux.HandleFunc("/readyz", ok)
+	mux.HandleFunc("/status", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(st)
+	})
+	l, err := net.Listen("tcp", cfg.healthAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.healthAddr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Println("status server:", err)
+		}
+	}()
+	return srv, nil
+}
+
+// podOrdinal is the StatefulSet ordinal at the end of a pod name.
+func podOrdinal(pod string) (int, error) {
+	i := strings.LastIndexByte(pod, '-')
+	n, err := strconv.Atoi(pod[i+1:])
+	if i < 0 || err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: --member %q does not end in a StatefulSet ordinal", errBadFlag, pod)
+	}
+	return n, nil
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/shardkeeper/shardkeeper/internal/fleettest"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/pgtest"
+	"github.com/shardkeeper/shardkeeper/pkg/worker"
+)
+
+func TestConfigRefusesMissingAndBadFlagsByName(t *testing.T) {
+	env := map[string]string{"POD_NAME": "ingest-0", "NATS_URL": "nats://x:4222", "REGISTRY_DSN": "postgres://r", "SHARDKEEPER_TOPOLOGY": "ns/t"}
+	getenv := func(k string) string { return env[k] }
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"environment alone suffices", nil, ""},
+		{"empty topology", []string{"--topology", ""}, "--topology is required"},
+		{"unknown strategy", []string{"--strategy", "yolo"}, "--strategy must be sequenced or independent"},
+		{"independent needs replicas", []string{"--strategy", "independent"}, "--replicas must be at least 1"},
+		{"unknown flag", []string{"--frobnicate"}, "frobnicate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseConfig(tt.args, getenv)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tt.want == "":
+				if c.sinkDSN != c.registryDSN {
+					t.Fatalf("sink DSN defaults to %q, want the registry's", c.sinkDSN)
+				}
+			case err == nil || !errors.Is(err, errBadFlag) || !strings.Contains(err.Error(), tt.want):
+				t.Fatalf("error %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// The sink writes a row only under a valid claim, counts a redelivered row
+// as a duplicate, and refuses a write whose claim was released (stale
+// epoch), leaving the row for the next owner.
+//
+// checks P1, P3
+func TestSinkWritesOnlyUnderAValidClaim(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewTestDatabase(t)
+	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: dsn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	const topo = "ns/sink"
+	if err := reg.EnsureTopology(ctx, topo, fleettest.FastParams()); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := reg.Join(ctx, topo, "w-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch, err := reg.CreatePending(ctx, topo, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.AckFreeze(ctx, lease.MemberRef, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Activate(ctx, topo, epoch); err != nil {
+		t.Fatal(err)
+	}
+	c, err := reg.Claim(ctx, lease.MemberRef, epoch, "0.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := newSink(ctx, pool, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(id string) worker.Row {
+		return worker.Row{Unit: ownership.Unit{}, Token: c.Token, Headers: map[string][]string{RowIDHeader: {id}}}
+	}
+
+	if got := s.write(ctx, row("a")); got != worker.Ack {
+		t.Fatalf("first write: %s, want ack", got)
+	}
+	if got := s.write(ctx, row("a")); got != worker.Ack || testutil.ToFloat64(s.duplicates) != 1 {
+		t.Fatalf("redelivery: %s with %v duplicates, want ack and 1", got, testutil.ToFloat64(s.duplicates))
+	}
+	if err := reg.Release(ctx, c.Token); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.write(ctx, row("b")); got != worker.Abandon || testutil.ToFloat64(s.refused) != 1 {
+		t.Fatalf("write after release: %s, want abandon (refused by the guard)", got)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM shardkeeper_sink_rows WHERE id = 'b'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("stale write landed: %d rows (err %v)", n, err)
+	}
+}
