@@ -208,3 +208,16 @@ func (p *PG) setFence(ctx context.Context, m MemberRef, op, set string) error {
 	}
 	return nil
 }
+
+// SetDraining implements Registry.
+func (p *PG) SetDraining(ctx context.Context, topology, member string, draining bool) error {
+	tag, err := p.pool.Exec(ctx, `UPDATE shardkeeper.members SET draining = $3 WHERE topology = $1 AND member = $2`,
+		topology, member, draining)
+	if err != nil {
+		return fmt.Errorf("set draining of %s: %w", member, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("set draining of %s in %s: %w", member, topology, ErrNotMember)
+	}
+	return nil
+}

@@ -26,7 +26,7 @@ const snapshotSQL = `
 	  (SELECT coalesce(json_agg(json_build_object(
 	      'name', m.member, 'slot', coalesce(m.slot, -1), 'incarnation', m.incarnation,
 	      'leaseExpiresAt', m.lease_expires_at, 'left', m.left_at IS NOT NULL, 'fenced', m.fenced,
-	      'fenceLiftedAt', m.fence_lifted_at,
+	      'fenceLiftedAt', m.fence_lifted_at, 'draining', m.draining,
 	      'holds', (SELECT count(*) FROM shardkeeper.claims c WHERE c.topology = m.topology AND c.owner = m.member),
 	      'handovers', (SELECT count(*) FROM shardkeeper.claims c
 	                     WHERE c.topology = m.topology AND c.owner = m.member AND c.state = 'handover'))
@@ -57,6 +57,7 @@ type snapMember struct {
 	Left           bool      `json:"left"`
 	Fenced         bool      `json:"fenced"`
 	FenceLiftedAt  time.Time `json:"fenceLiftedAt"`
+	Draining       bool      `json:"draining"`
 	Holds          int       `json:"holds"`
 	Handovers      int       `json:"handovers"`
 }
@@ -105,7 +106,7 @@ func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 		s.Members = append(s.Members, Member{
 			Name: m.Name, Slot: m.Slot, Incarnation: m.Incarnation, LeaseExpiresAt: m.LeaseExpiresAt,
 			Live: !m.Left && s.Now.Before(m.LeaseExpiresAt), Left: m.Left, Fenced: m.Fenced,
-			FenceLiftedAt: m.FenceLiftedAt, Holds: m.Holds, Handovers: m.Handovers,
+			FenceLiftedAt: m.FenceLiftedAt, Draining: m.Draining, Holds: m.Holds, Handovers: m.Handovers,
 		})
 	}
 	if allowed != nil {

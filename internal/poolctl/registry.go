@@ -72,6 +72,13 @@ type Registry interface {
 	// active one, in one transaction, once every live member acknowledged
 	// the freeze (*FreezeIncompleteError otherwise).
 	Activate(ctx context.Context, topology string, epoch int64) error
+	// SetDraining sets or clears the operator's drain request for member
+	// (a pod about to be restarted). Every member leaves a draining
+	// member's slot out of placement, so its units move away, and the
+	// draining member claims nothing. The request survives the member's
+	// rejoins until cleared.
+	SetDraining(ctx context.Context, topology, member string, draining bool) error
+
 	// Retire abandons a pending epoch (the abort path). The active epoch is
 	// retired only by activating its successor.
 	Retire(ctx context.Context, topology string, epoch int64) error
@@ -263,6 +270,9 @@ type Member struct {
 	Live   bool
 	Left   bool
 	Fenced bool
+	// Draining is set while the operator asks the member to hand
+	// everything over before its pod restarts (SetDraining).
+	Draining bool
 	// FenceLiftedAt is when the last fence lifted (zero if never). A rejoin
 	// after a lapsed lease counts as lifting the self-fence.
 	FenceLiftedAt time.Time
@@ -309,6 +319,18 @@ func (s Snapshot) Member(name string) *Member {
 		}
 	}
 	return nil
+}
+
+// PlacementSlots are the slots units are placed over: those of live,
+// non-draining members that have a slot.
+func (s Snapshot) PlacementSlots() []int {
+	var out []int
+	for _, m := range s.Members {
+		if m.Live && !m.Draining && m.Slot >= 0 {
+			out = append(out, m.Slot)
+		}
+	}
+	return out
 }
 
 // LiveMembers returns the live members, sorted by name.

@@ -461,3 +461,41 @@ func TestEpochFenceRefusesOlderEpochs(t *testing.T) { // checks P1
 		t.Fatalf("another unit: %v", err)
 	}
 }
+
+func TestDrainRequestSurvivesRejoinsUntilCleared(t *testing.T) {
+	forBackends(t, func(t *testing.T, r testRegistry) {
+		ctx := context.Background()
+		topo := newTopology(t, r, testParams, 1, 4)
+		_, err := r.Join(ctx, topo, "a")
+		must(t, err)
+		b, err := r.Join(ctx, topo, "b")
+		must(t, err)
+		wantErr(t, "drain of a stranger", r.SetDraining(ctx, topo, "nobody", true), ErrNotMember)
+		must(t, r.SetDraining(ctx, topo, "b", true))
+
+		slots := func() []int {
+			s, err := r.Snapshot(ctx, topo)
+			must(t, err)
+			if m := s.Member("b"); m == nil {
+				t.Fatal("b missing")
+			}
+			return s.PlacementSlots()
+		}
+		if got := slots(); len(got) != 1 || got[0] != 0 {
+			t.Fatalf("placement slots while b drains: %v, want [0]", got)
+		}
+		// The restarting pod rejoins under the same name: still draining.
+		b2, err := r.Join(ctx, topo, "b")
+		must(t, err)
+		if b2.Slot != b.Slot {
+			t.Fatalf("b rejoined at slot %d, want its sticky slot %d", b2.Slot, b.Slot)
+		}
+		if got := slots(); len(got) != 1 {
+			t.Fatalf("drain lost on rejoin: placement slots %v", got)
+		}
+		must(t, r.SetDraining(ctx, topo, "b", false))
+		if got := slots(); len(got) != 2 {
+			t.Fatalf("placement slots after clearing: %v, want both", got)
+		}
+	})
+}

@@ -19,6 +19,9 @@ type memberRow struct {
 	Left           bool
 	Fenced         bool
 	FenceLiftedAt  time.Time // zero if never
+	// Draining is the operator's request that the member hand everything
+	// over; it survives rejoins until the operator clears it.
+	Draining bool
 }
 
 func (m *memberRow) live(now time.Time) bool {
@@ -242,6 +245,7 @@ func joinRow(member string, prev *memberRow, slot int, incarnation int64, now ti
 	m := memberRow{Name: member, Slot: slot, Incarnation: incarnation, LeaseExpiresAt: now.Add(ttl)}
 	if prev != nil {
 		m.FenceLiftedAt = prev.FenceLiftedAt
+		m.Draining = prev.Draining
 		// A member that was fenced, or whose lease lapsed (so it must have
 		// fenced itself), lifts its fence by joining: P5's grace applies.
 		if prev.Fenced || !prev.live(now) {

@@ -377,3 +377,19 @@ func (t *Twin) Claims(_ context.Context, topology string) ([]ClaimInfo, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].Unit < out[j].Unit })
 	return out, nil
 }
+
+// SetDraining implements Registry.
+func (t *Twin) SetDraining(_ context.Context, topology, member string, draining bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp, err := t.topo(topology)
+	if err != nil {
+		return err
+	}
+	row := tp.members[member]
+	if row == nil {
+		return fmt.Errorf("set draining of %s in %s: %w", member, topology, ErrNotMember)
+	}
+	row.Draining = draining
+	return nil
+}

@@ -151,7 +151,7 @@ func (t *Twin) Snapshot(_ context.Context, topology string) (Snapshot, error) {
 	for _, m := range tp.members {
 		mm := Member{
 			Name: m.Name, Slot: m.Slot, Incarnation: m.Incarnation, LeaseExpiresAt: m.LeaseExpiresAt,
-			Live: m.live(now), Left: m.Left, Fenced: m.Fenced, FenceLiftedAt: m.FenceLiftedAt,
+			Live: m.live(now), Left: m.Left, Fenced: m.Fenced, FenceLiftedAt: m.FenceLiftedAt, Draining: m.Draining,
 		}
 		for _, c := range tp.claims {
 			if c.State != StateFree && c.Owner == m.Name {

@@ -92,20 +92,20 @@ func (w *Worker) freeze(ctx context.Context, ts *tickState) error {
 }
 
 // place computes this member's units: capped rendezvous placement of the
-// active epoch's units over the live members' slots.
+// active epoch's units over the slots of live, non-draining members. A
+// member the operator asked to drain places nothing on itself, so it hands
+// everything over.
 func (w *Worker) place(_ context.Context, ts *tickState) error {
 	ts.mine = map[ownership.Unit]bool{}
 	active := ts.snap.Active
 	me := ts.snap.Member(w.opts.Member)
 	ref, ok := w.memberRef()
-	if active == nil || me == nil || !ok || !me.Live || me.Incarnation != ref.Incarnation || me.Slot < 0 {
+	if active == nil || me == nil || !ok || !me.Live || me.Incarnation != ref.Incarnation || me.Slot < 0 || me.Draining {
 		return nil
 	}
 	var slots []ownership.Slot
-	for _, m := range ts.snap.LiveMembers() {
-		if m.Slot >= 0 {
-			slots = append(slots, ownership.Slot(m.Slot))
-		}
+	for _, s := range ts.snap.PlacementSlots() {
+		slots = append(slots, ownership.Slot(s))
 	}
 	topo := ownership.Topology{Partitions: active.Partitions, Shards: active.Shards}
 	for _, u := range ownership.Place(topo.Units(), slots).UnitsOf(ownership.Slot(me.Slot)) {

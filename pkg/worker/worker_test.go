@@ -185,3 +185,42 @@ func TestSigkillTakeoverWithinLeasePlusGrace(t *testing.T) {
 		t.Fatalf("P1 broken: %v", r.Examples)
 	}
 }
+
+// A drain request (the operator's first step of a pod restart) moves every
+// unit off the member without a restart, and clearing it brings its share
+// back.
+//
+// checks P1, P3
+func TestDrainRequestMovesUnitsAwayAndBack(t *testing.T) {
+	topo := ownership.Topology{Partitions: 2, Shards: 4}
+	f := fleettest.Start(t, fleettest.Options{Partitions: topo.Partitions, Shards: topo.Shards})
+	mon := f.StartMonitor(topo, 50*time.Millisecond)
+	pub := f.StartPublisher(topo, 100)
+	f.StartWorker("w-0")
+	f.StartWorker("w-1")
+	waitSettled(t, f, topo, 2)
+
+	ctx := context.Background()
+	if err := f.Registry.SetDraining(ctx, f.Topology, "w-1", true); err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		s, err := f.Registry.Snapshot(ctx, f.Topology)
+		if err != nil {
+			return err
+		}
+		if m := s.Member("w-1"); m == nil || m.Holds != 0 {
+			return fmt.Errorf("w-1 still holds units: %+v", m)
+		}
+		return nil
+	})
+	waitSettled(t, f, topo, 1)
+	if err := f.Registry.SetDraining(ctx, f.Topology, "w-1", false); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, f, topo, 2)
+	checkDelivered(t, f, pub)
+	if r := mon.Stop(); r.MaxMultiplyOwned != 0 {
+		t.Fatalf("P1 broken: %v", r.Examples)
+	}
+}
