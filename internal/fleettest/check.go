@@ -117,8 +117,8 @@ func firstMissing(published map[string]ownership.Unit, sink map[string]SinkRow) 
 // counts units that two unfenced workers claim at the same sample (P1) and
 // units of the active topology nobody delivers.
 type Monitor struct {
-	f    *Fleet
-	stop chan struct{}
+	targets func() map[string]string
+	stop    chan struct{}
 	done chan struct{}
 
 	mu     sync.Mutex
@@ -138,11 +138,34 @@ type MonitorResult struct {
 	UnownedUnitSamples int
 	// Examples names a few multiply-owned sightings.
 	Examples []string
+	// Holders lists, per unit, every worker seen holding it.
+	Holders map[string]map[string]bool
+	// Interval is the sampling interval.
+	Interval time.Duration
 }
 
-// StartMonitor samples every interval until Stop.
+// UnownedUnitSeconds estimates unit-seconds without an owner.
+func (r MonitorResult) UnownedUnitSeconds() float64 {
+	return float64(r.UnownedUnitSamples) * r.Interval.Seconds()
+}
+
+// StartMonitor samples the fleet's workers every interval until Stop.
 func (f *Fleet) StartMonitor(topo ownership.Topology, interval time.Duration) *Monitor {
-	m := &Monitor{f: f, topo: topo, stop: make(chan struct{}), done: make(chan struct{})}
+	return StartMonitor(func() map[string]string {
+		out := map[string]string{}
+		for _, w := range f.Workers() {
+			out[w.Name] = w.Addr
+		}
+		return out
+	}, topo, interval)
+}
+
+// StartMonitor samples the workers targets names (name -> status address)
+// every interval until Stop.
+func StartMonitor(targets func() map[string]string, topo ownership.Topology, interval time.Duration) *Monitor {
+	m := &Monitor{targets: targets, topo: topo, stop: make(chan struct{}), done: make(chan struct{})}
+	m.result.Holders = map[string]map[string]bool{}
+	m.result.Interval = interval
 	go m.run(interval)
 	return m
 }
@@ -171,21 +194,20 @@ func (m *Monitor) run(interval time.Duration) {
 func (m *Monitor) sample() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	workers := m.f.Workers()
 	holders := map[string][]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, w := range workers {
+	for name, addr := range m.targets() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := w.Status(ctx)
+			s, err := StatusOf(ctx, addr)
 			if err != nil || s.Fenced {
 				return // a stopped, paused or fenced worker delivers nothing
 			}
 			mu.Lock()
 			for u := range s.Held {
-				holders[u] = append(holders[u], w.Name)
+				holders[u] = append(holders[u], name)
 			}
 			mu.Unlock()
 		}()
@@ -196,6 +218,12 @@ func (m *Monitor) sample() {
 	m.result.Samples++
 	multi := 0
 	for u, hs := range holders {
+		if m.result.Holders[u] == nil {
+			m.result.Holders[u] = map[string]bool{}
+		}
+		for _, h := range hs {
+			m.result.Holders[u][h] = true
+		}
 		if len(hs) > 1 {
 			multi++
 			if len(m.result.Examples) < 5 {

@@ -40,6 +40,9 @@ type Options struct {
 	AckWait time.Duration
 	// DrainTimeout of each worker's handovers (default 5s).
 	DrainTimeout time.Duration
+	// Topology is the registry key, "namespace/name" (default
+	// "default/fleet").
+	Topology string
 }
 
 // FastParams are lease parameters that keep takeover tests short while
@@ -65,8 +68,19 @@ type Fleet struct {
 }
 
 // Start starts NATS, PostgreSQL and the registry, provisions the first
-// epoch's consumers and activates it. Workers are started separately.
+// epoch's consumers and activates it, as the operator would. Workers are
+// started separately.
 func Start(t testing.TB, o Options) *Fleet {
+	t.Helper()
+	f := StartInfra(t, o)
+	f.ChangeTopology(o.Partitions, o.Shards)
+	return f
+}
+
+// StartInfra starts NATS, PostgreSQL and a migrated registry with the
+// topology's lease parameters, and nothing else: end-to-end tests leave
+// provisioning and epochs to the operator.
+func StartInfra(t testing.TB, o Options) *Fleet {
 	t.Helper()
 	if o.Params == (poolctl.Params{}) {
 		o.Params = FastParams()
@@ -83,7 +97,10 @@ func Start(t testing.TB, o Options) *Fleet {
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = 5 * time.Second
 	}
-	f := &Fleet{T: t, Opts: o, Topology: "default/fleet", workers: map[string]*Worker{}}
+	if o.Topology == "" {
+		o.Topology = "default/fleet"
+	}
+	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}}
 	f.NATS = natstest.StartCluster(t, o.Servers)
 	f.PG = pgtest.New(t)
 	f.DSN = f.PG.NewTestDatabase(t)
@@ -99,8 +116,7 @@ func Start(t testing.TB, o Options) *Fleet {
 		t.Fatalf("ensure topology: %v", err)
 	}
 	f.Layout = natsops.Layout{SubjectPrefix: "shardkeeper", ConsumerName: "ingest", Replicas: o.Replicas,
-		PinnedTTL: 30 * time.Second, AckWait: o.AckWait}
-	f.ChangeTopology(o.Partitions, o.Shards)
+		PinnedTTL: 30 * time.Second, AckWait: o.AckWait, Partitions: o.Partitions, Shards: o.Shards}
 	t.Cleanup(f.StopAll)
 	return f
 }

@@ -132,9 +132,12 @@ func (w *Worker) Log() string {
 }
 
 // Status asks the worker for its state.
-func (w *Worker) Status(ctx context.Context) (worker.Status, error) {
+func (w *Worker) Status(ctx context.Context) (worker.Status, error) { return StatusOf(ctx, w.Addr) }
+
+// StatusOf asks the worker serving at addr for its state.
+func StatusOf(ctx context.Context, addr string) (worker.Status, error) {
 	var s worker.Status
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.Addr+"/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
 	if err != nil {
 		return s, err
 	}

@@ -340,6 +340,29 @@ func (k *Kubelet) Addr(pod string) (string, bool) {
 	return "", false
 }
 
+// Addrs maps every pod whose process is running, terminating ones
+// included (they may still hold units while they hand over), to its probe
+// address. Two processes of one pod name (old and replacement) get the
+// old one suffixed with its UID.
+func (k *Kubelet) Addrs() map[string]string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := map[string]string{}
+	for _, p := range k.procs {
+		select {
+		case <-p.exited:
+			continue
+		default:
+		}
+		name := p.pod
+		if p.stopping {
+			name += "@" + string(p.uid)
+		}
+		out[name] = p.addr
+	}
+	return out
+}
+
 func (k *Kubelet) killAll() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
