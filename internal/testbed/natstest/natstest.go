@@ -81,10 +81,21 @@ func clusterName() string {
 // with free ports and stores under dir.
 func Configs(tb testing.TB, name, dir string, n int) []ServerConfig {
 	tb.Helper()
-	ports := make([]int, n)
-	clusterPorts := make([]int, n)
-	for i := range n {
-		ports[i], clusterPorts[i] = freePort(tb), freePort(tb)
+	cfgs, err := buildConfigs(name, dir, n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cfgs
+}
+
+func buildConfigs(name, dir string, n int) ([]ServerConfig, error) {
+	ports := make([]int, 2*n)
+	for i := range ports {
+		p, err := testbed.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
 	}
 	cfgs := make([]ServerConfig, n)
 	for i := range n {
@@ -95,15 +106,15 @@ func Configs(tb testing.TB, name, dir string, n int) []ServerConfig {
 		}
 		if n > 1 {
 			cfgs[i].ClusterName = name
-			cfgs[i].ClusterPort = clusterPorts[i]
+			cfgs[i].ClusterPort = ports[n+i]
 			for j := range n {
 				if j != i {
-					cfgs[i].Routes = append(cfgs[i].Routes, clusterPorts[j])
+					cfgs[i].Routes = append(cfgs[i].Routes, ports[n+j])
 				}
 			}
 		}
 	}
-	return cfgs
+	return cfgs, nil
 }
 
 func freePort(tb testing.TB) int {
@@ -119,24 +130,62 @@ func freePort(tb testing.TB) int {
 // starts the server in this process.
 func startServer(tb testing.TB, cfg ServerConfig, dir string) *server.Server {
 	tb.Helper()
+	s, err := runServer(cfg, dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+func runServer(cfg ServerConfig, dir string) (*server.Server, error) {
 	path := filepath.Join(dir, cfg.Name+".conf")
 	if err := os.WriteFile(path, []byte(cfg.Render()), 0o600); err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	opts, err := server.ProcessConfigFile(path)
 	if err != nil {
-		tb.Fatalf("load %s: %v", path, err)
+		return nil, fmt.Errorf("load %s: %w", path, err)
 	}
 	opts.NoLog, opts.NoSigs = true, true
 	s, err := server.NewServer(opts)
 	if err != nil {
-		tb.Fatalf("create server %s: %v", cfg.Name, err)
+		return nil, fmt.Errorf("create server %s: %w", cfg.Name, err)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(20 * time.Second) {
-		tb.Fatalf("server %s not ready for connections", cfg.Name)
+		s.Shutdown()
+		return nil, fmt.Errorf("server %s not ready for connections", cfg.Name)
 	}
-	return s
+	return s, nil
+}
+
+// Start starts an n-server cluster outside a test (the demo), with stores
+// under dir. Call Shutdown when done. Connect and the other helpers that
+// fail a test are for clusters from StartCluster only.
+func Start(dir string, n int) (*Cluster, error) {
+	c := &Cluster{Name: clusterName(), dir: dir}
+	cfgs, err := buildConfigs(c.Name, dir, n)
+	if err != nil {
+		return nil, err
+	}
+	c.Configs = cfgs
+	for _, cfg := range c.Configs {
+		s, err := runServer(cfg, dir)
+		if err != nil {
+			c.Shutdown()
+			return nil, err
+		}
+		c.Servers = append(c.Servers, s)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !c.jetStreamReady() {
+		if time.Now().After(deadline) {
+			c.Shutdown()
+			return nil, fmt.Errorf("JetStream of cluster %s not ready within 30s", c.Name)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return c, nil
 }
 
 // URLs are the client URLs of every server, without credentials.
