@@ -1,8 +1,11 @@
-// Command shardkeeper-demo runs the operator's main job on embedded defaults:
-// it starts a local control plane (kube-apiserver and etcd built by
-// hack/testbin.sh), installs the CRD, runs the operator in-process, applies
-// the sample ShardTopology, and prints its status and conditions as they
-// change. It stops everything it started before it exits.
+// Command shardkeeper-demo runs the operator's main job on embedded
+// defaults, with real parts on this machine: a local control plane
+// (kube-apiserver, etcd and kube-controller-manager built by
+// hack/testbin.sh), a test kubelet running three reference worker
+// processes as the pods of a StatefulSet, a 3-server NATS cluster,
+// PostgreSQL, and the operator. It applies the sample ShardTopology,
+// publishes rows, changes V from 8 to 16 and shows the rollout's progress
+// live, checks that every row arrived, then stops everything it started.
 //
 // Run it with `make demo`.
 package main
@@ -13,22 +16,17 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-
-	"github.com/shardkeeper/shardkeeper/internal/operator"
-	"github.com/shardkeeper/shardkeeper/internal/testbed"
-	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
 )
 
 func main() {
 	verbose := flag.Bool("v", false, "show the operator's logs")
-	timeout := flag.Duration("timeout", 2*time.Minute, "give up after this long")
+	timeout := flag.Duration("timeout", 10*time.Minute, "give up after this long")
+	toShards := flag.Int("to-shards", 16, "V to change the sample to")
 	flag.Parse()
 	if *verbose {
 		ctrl.SetLogger(zap.New(zap.UseDevMode(true)))
@@ -39,7 +37,15 @@ func main() {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if err := run(ctx); err != nil {
+
+	p, err := startParts(ctx)
+	if err == nil {
+		err = runScenario(ctx, p, *toShards)
+	}
+	if p != nil {
+		p.stop()
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo failed:", err)
 		os.Exit(1)
 	}
@@ -48,42 +54,6 @@ func main() {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
-
-func run(ctx context.Context) error {
-	say("starting a local control plane (kube-apiserver + etcd built from source; the first build takes minutes)")
-	env, err := kubetest.Start()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		say("stopping the control plane")
-		_ = env.Stop()
-	}()
-
-	mgr, err := operator.New(ctx, env.Config, operator.Options{MetricsAddr: "0", ProbeAddr: "0"})
-	if err != nil {
-		return err
-	}
-	opCtx, stopOperator := context.WithCancel(ctx)
-	opDone := make(chan error, 1)
-	go func() { opDone <- mgr.Start(opCtx) }()
-	defer func() {
-		say("stopping the operator")
-		stopOperator()
-		<-opDone
-	}()
-	say("operator running; CRD shardtopologies.topology.shardkeeper.dev installed")
-
-	k, err := client.New(env.Config, client.Options{Scheme: mgr.GetScheme()})
-	if err != nil {
-		return err
-	}
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		return err
-	}
-	return runScenario(ctx, k, filepath.Join(root, "config", "samples", "topology_v1alpha1_shardtopology.yaml"))
-}
 
 func say(format string, args ...any) {
 	fmt.Printf("==> "+format+"\n", args...)

@@ -5,54 +5,71 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
 
-const namespace = "default"
-
-// runScenario applies the sample before the Secrets and StatefulSet it
-// names exist, shows the operator report that as Stalled, then supplies
-// them and shows the status that follows.
-func runScenario(ctx context.Context, k client.Client, samplePath string) error {
-	b, err := os.ReadFile(samplePath)
+// runScenario applies the sample, publishes rows, changes V and shows the
+// rollout as it happens.
+func runScenario(ctx context.Context, p *parts, toShards int) error {
+	topo, err := loadSample()
 	if err != nil {
 		return err
 	}
-	topo := &topologyv1.ShardTopology{}
-	if err := yaml.UnmarshalStrict(b, topo); err != nil {
-		return fmt.Errorf("decode %s: %w", samplePath, err)
+	topo.Spec.NATS.URLs = p.nats.URLs()
+	if err := createWorkload(ctx, p, topo); err != nil {
+		return err
 	}
-	topo.Namespace = namespace
-	say("applying %s", samplePath)
-	if err := k.Create(ctx, topo); err != nil {
-		return fmt.Errorf("apply sample: %w", err)
+	say("applying config/samples/topology_v1alpha1_shardtopology.yaml (N=%d, V=%d) with a local NATS URL",
+		topo.Spec.Partitions, topo.Spec.ShardsPerPartition)
+	if err := p.k.Create(ctx, topo); err != nil {
+		return wrap("apply sample", err)
 	}
 	key := client.ObjectKeyFromObject(topo)
-
-	say("the sample names Secrets and a StatefulSet that do not exist yet:")
-	if _, err := waitFor(ctx, k, key, stalledWith(topologyv1.ReasonSecretNotFound)); err != nil {
+	if _, err := watchUntilReady(ctx, p, key); err != nil {
 		return err
 	}
 
-	say("creating Secrets %s, %s and StatefulSet %s", topo.Spec.Registry.DSNSecretRef.Name,
-		topo.Spec.NATS.CredentialsSecretRef.Name, topo.Spec.Workload.StatefulSetName)
-	if err := createPrerequisites(ctx, k, topo); err != nil {
-		return err
-	}
-	final, err := waitFor(ctx, k, key, func(t *topologyv1.ShardTopology) bool {
-		return meta.IsStatusConditionFalse(t.Status.Conditions, topologyv1.ConditionStalled)
-	})
+	pub, err := startPublisher(p, ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: int(topo.Spec.ShardsPerPartition)})
 	if err != nil {
+		return err
+	}
+	say("publishing rows with unique ids to every unit; changing shardsPerPartition %d -> %d", topo.Spec.ShardsPerPartition, toShards)
+	if err := p.k.Get(ctx, key, topo); err != nil {
+		return err
+	}
+	topo.Spec.ShardsPerPartition = int32(toShards)
+	if err := p.k.Update(ctx, topo); err != nil {
+		return wrap("change V", err)
+	}
+	final, err := watchUntilReady(ctx, p, key)
+	if err != nil {
+		pub.stop()
+		return err
+	}
+	pub.setTopology(ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: toShards})
+	time.Sleep(time.Second) // a few rows to the new units too
+	ids := pub.stop()
+	say("rollout done; checking that every published row reached the workers' sink")
+	if err := checkSink(ctx, p, ids); err != nil {
 		return err
 	}
 	say("final status of shardtopology/%s:", final.Name)
@@ -60,44 +77,99 @@ func runScenario(ctx context.Context, k client.Client, samplePath string) error 
 	return nil
 }
 
-// waitFor prints the object every time its status changes until done holds.
-func waitFor(ctx context.Context, k client.Client, key client.ObjectKey, done func(*topologyv1.ShardTopology) bool) (*topologyv1.ShardTopology, error) {
+func loadSample() (*topologyv1.ShardTopology, error) {
+	root, err := testbed.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(root + "/config/samples/topology_v1alpha1_shardtopology.yaml")
+	if err != nil {
+		return nil, err
+	}
+	t := &topologyv1.ShardTopology{}
+	if err := yaml.UnmarshalStrict(b, t); err != nil {
+		return nil, wrap("decode sample", err)
+	}
+	t.Namespace = namespace
+	return t, nil
+}
+
+// createWorkload creates the namespace, the Secrets the sample names and
+// a StatefulSet of three reference workers.
+func createWorkload(ctx context.Context, p *parts, t *topologyv1.ShardTopology) error {
+	if err := p.k.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		return err
+	}
+	secrets := map[string]map[string]string{}
+	put := func(ref *topologyv1.SecretKeyRef, value string) {
+		if secrets[ref.Name] == nil {
+			secrets[ref.Name] = map[string]string{}
+		}
+		secrets[ref.Name][ref.Key] = value
+	}
+	put(&t.Spec.Registry.DSNSecretRef, p.dsn)
+	put(t.Spec.NATS.CredentialsSecretRef, natstest.AppUser+":"+natstest.AppPassword)
+	put(t.Spec.NATS.SystemCredentialsSecretRef, natstest.SysUser+":"+natstest.SysPassword)
+	for name, data := range secrets {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, StringData: data}
+		if err := p.k.Create(ctx, s); err != nil {
+			return wrap("create Secret "+name, err)
+		}
+	}
+	labels := map[string]string{"app": t.Spec.Workload.StatefulSetName}
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: t.Spec.Workload.StatefulSetName, Namespace: namespace},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:       ptr.To[int32](3),
+			Selector:       &metav1.LabelSelector{MatchLabels: labels},
+			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "worker", Image: "shardkeeper-worker", Args: []string{"--drain-timeout", "5s"},
+				}}},
+			},
+		},
+	}
+	say("creating Secrets and StatefulSet %s (3 reference workers)", sts.Name)
+	return wrap("create StatefulSet", p.k.Create(ctx, sts))
+}
+
+// watchUntilReady prints a line whenever the topology's status changes,
+// until it is Ready at its current generation.
+func watchUntilReady(ctx context.Context, p *parts, key client.ObjectKey) (*topologyv1.ShardTopology, error) {
 	last := ""
 	for {
 		t := &topologyv1.ShardTopology{}
-		if err := k.Get(ctx, key, t); err != nil {
+		if err := p.k.Get(ctx, key, t); err != nil {
 			return nil, err
 		}
 		if line := summary(t); line != last {
-			fmt.Println("    " + line)
+			fmt.Printf("    %s  %s\n", time.Now().Format("15:04:05.0"), line)
 			last = line
 		}
-		if done(t) {
+		if t.Status.ObservedGeneration == t.Generation && meta.IsStatusConditionTrue(t.Status.Conditions, topologyv1.ConditionReady) {
 			return t, nil
+		}
+		if c := meta.FindStatusCondition(t.Status.Conditions, topologyv1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue {
+			return nil, fmt.Errorf("shardtopology/%s stalled: %s: %s", key.Name, c.Reason, c.Message)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("waiting for shardtopology/%s: %w", key.Name, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
-	}
-}
-
-func stalledWith(reason string) func(*topologyv1.ShardTopology) bool {
-	return func(t *topologyv1.ShardTopology) bool {
-		c := meta.FindStatusCondition(t.Status.Conditions, topologyv1.ConditionStalled)
-		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == reason
 	}
 }
 
 // summary is one line in the spirit of `kubectl get shardtopology`.
 func summary(t *topologyv1.ShardTopology) string {
-	var conds []string
-	for _, c := range t.Status.Conditions {
-		conds = append(conds, fmt.Sprintf("%s=%s(%s)", c.Type, c.Status, c.Reason))
+	ready := "Unknown"
+	if c := meta.FindStatusCondition(t.Status.Conditions, topologyv1.ConditionReady); c != nil {
+		ready = string(c.Status) + "(" + c.Reason + ")"
 	}
-	return fmt.Sprintf("N=%d V=%d phase=%s observedGeneration=%d %s",
-		t.Spec.Partitions, t.Spec.ShardsPerPartition, t.Status.Phase, t.Status.ObservedGeneration, strings.Join(conds, " "))
+	return fmt.Sprintf("N=%d V=%d phase=%-12s ready=%-28s %s", t.Spec.Partitions, t.Spec.ShardsPerPartition,
+		t.Status.Phase, ready, t.Status.Progress)
 }
 
 func printConditions(t *topologyv1.ShardTopology) {
@@ -109,40 +181,90 @@ func printConditions(t *topologyv1.ShardTopology) {
 	w.Flush()
 }
 
-func createPrerequisites(ctx context.Context, k client.Client, t *topologyv1.ShardTopology) error {
-	secrets := map[string]map[string][]byte{}
-	add := func(ref *topologyv1.SecretKeyRef) {
-		if ref == nil {
-			return
+// publisher sends rows with unique ids round robin over a topology's units.
+type publisher struct {
+	mu   sync.Mutex
+	topo ownership.Topology
+	ids  []string
+	nc   *nats.Conn
+	quit chan struct{}
+	done chan struct{}
+}
+
+func startPublisher(p *parts, topo ownership.Topology) (*publisher, error) {
+	nc, err := nats.Connect(strings.Join(p.nats.URLs(), ","), nats.UserInfo(natstest.AppUser, natstest.AppPassword))
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	pub := &publisher{topo: topo, nc: nc, quit: make(chan struct{}), done: make(chan struct{})}
+	layout := natsops.Layout{SubjectPrefix: topologyv1.DefaultSubjectPrefix}
+	go func() {
+		defer close(pub.done)
+		for n := 0; ; n++ {
+			select {
+			case <-pub.quit:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			pub.mu.Lock()
+			units := pub.topo.Units()
+			pub.mu.Unlock()
+			u := units[n%len(units)]
+			id := fmt.Sprintf("demo-%07d", n)
+			msg := &nats.Msg{Subject: layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{nats.MsgIdHdr: {id}}}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if _, err := js.PublishMsg(ctx, msg); err == nil {
+				pub.mu.Lock()
+				pub.ids = append(pub.ids, id)
+				pub.mu.Unlock()
+			}
+			cancel()
 		}
-		if secrets[ref.Name] == nil {
-			secrets[ref.Name] = map[string][]byte{}
+	}()
+	return pub, nil
+}
+
+func (pub *publisher) setTopology(t ownership.Topology) {
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	pub.topo = t
+}
+
+func (pub *publisher) stop() []string {
+	close(pub.quit)
+	<-pub.done
+	pub.nc.Close()
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	return pub.ids
+}
+
+// checkSink waits until every published id is in the sink and reports
+// duplicates (rows delivered more than once).
+func checkSink(ctx context.Context, p *parts, ids []string) error {
+	conn, err := pgx.Connect(ctx, p.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var found, dups int
+		err := conn.QueryRow(ctx, `SELECT count(*), coalesce(sum(deliveries - 1), 0) FROM shardkeeper_sink_rows WHERE id = ANY($1)`, ids).Scan(&found, &dups)
+		if err != nil {
+			return wrap("read sink", err)
 		}
-		secrets[ref.Name][ref.Key] = []byte("demo")
-	}
-	add(&t.Spec.Registry.DSNSecretRef)
-	add(t.Spec.NATS.CredentialsSecretRef)
-	add(t.Spec.NATS.SystemCredentialsSecretRef)
-	for name, data := range secrets {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Data: data}
-		if err := k.Create(ctx, s); err != nil {
-			return fmt.Errorf("create Secret %s: %w", name, err)
+		if found == len(ids) {
+			say("%d rows published, %d in the sink, %d delivered more than once, 0 lost", len(ids), found, dups)
+			return nil
 		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d published rows never reached the sink", len(ids)-found, len(ids))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	labels := map[string]string{"app": t.Spec.Workload.StatefulSetName}
-	sts := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Name: t.Spec.Workload.StatefulSetName, Namespace: namespace},
-		Spec: appsv1.StatefulSetSpec{
-			Selector:       &metav1.LabelSelector{MatchLabels: labels},
-			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "shardkeeper-worker"}}},
-			},
-		},
-	}
-	if err := k.Create(ctx, sts); err != nil {
-		return fmt.Errorf("create StatefulSet %s: %w", sts.Name, err)
-	}
-	return nil
 }

@@ -167,26 +167,29 @@ var (
 // WorkerBinary builds cmd/shardkeeper-worker once per test binary.
 func WorkerBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		root, err := testbed.RepoRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		dir, err := os.MkdirTemp("", "shardkeeper-worker-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		workerBin = filepath.Join(dir, "shardkeeper-worker")
-		cmd := exec.Command("go", "build", "-o", workerBin, "./cmd/shardkeeper-worker")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build shardkeeper-worker: %w\n%s", err, out)
-		}
-	})
+	buildOnce.Do(func() { workerBin, buildErr = BuildWorker() })
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	return workerBin
+}
+
+// BuildWorker builds cmd/shardkeeper-worker into a new temporary
+// directory and returns the binary's path.
+func BuildWorker() (string, error) {
+	root, err := testbed.RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "shardkeeper-worker-bin-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "shardkeeper-worker")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/shardkeeper-worker")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build shardkeeper-worker: %w\n%s", err, out)
+	}
+	return bin, nil
 }
