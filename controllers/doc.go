@@ -1,7 +1,28 @@
 // Package controllers holds the operator's reconcilers. The ShardTopology
 // reconciler reads a ShardTopology, checks its spec against the world, runs
-// the rollout steps and reports what is true as status, conditions and
-// events.
+// the rollouts of design.md section 8 (a topology change from epoch e to
+// e+1, and pod-by-pod rolls of the workload), takes the version census and
+// publishes its RESET verdict, and reports what is true as status,
+// conditions, events and metrics (P7).
+//
+// One file per concern:
+//
+//   - shardtopology_controller.go: the entry point, the finalizer, the
+//     status patch (optimistic lock, events on condition transitions);
+//   - shardtopology_phases.go: the scope and the list of steps, which all
+//     share one signature;
+//   - shardtopology_rollout.go: the topology change as a table of
+//     (state, condition) -> action;
+//   - shardtopology_roll.go: the pod-by-pod roll;
+//   - shardtopology_census.go: the census and the RESET verdict;
+//   - shardtopology_finalizer.go: what deletion retires and what it keeps;
+//   - shardtopology_status.go: pure status functions;
+//   - connections.go: the per-topology cache of registry pools and NATS
+//     connections;
+//   - metrics.go: the Prometheus series.
+//
+// Every step derives its state from the registry, the cluster and status
+// afresh each reconcile, so an operator restart resumes at any step.
 //
 // It owns the order of steps and the status they produce. It does not own how
 // NATS or PostgreSQL are spoken to (internal/natsops, internal/poolctl) nor

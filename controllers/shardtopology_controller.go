@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -10,8 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -30,32 +34,54 @@ const (
 	indexStatefulSet = "spec.workload.statefulSetName"
 )
 
+// maxRetryDelay caps the backoff after errors, so that a rollout waiting on
+// a registry or NATS outage resumes within a minute of its end.
+const maxRetryDelay = time.Minute
+
 // ShardTopologyReconciler reconciles ShardTopology objects.
 type ShardTopologyReconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader reads the workload's pods without caching every pod of
+	// the cluster; nil means Client.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// Conns caches registry and NATS connections per topology; nil means
+	// a cache private to this reconciler.
+	Conns *Connections
+	// CensusInterval is how often the census runs at least; 0 means
+	// DefaultCensusInterval.
+	CensusInterval time.Duration
 	// Now is the clock for condition transition times; nil means time.Now.
 	Now func() time.Time
+
+	once     sync.Once
+	ownConns *Connections
 }
 
 // +kubebuilder:rbac:groups=topology.shardkeeper.dev,resources=shardtopologies,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=topology.shardkeeper.dev,resources=shardtopologies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=topology.shardkeeper.dev,resources=shardtopologies/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;delete
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Reconcile loads one ShardTopology, runs the steps in order and patches its
-// status once, at the end, whatever happened.
+// Reconcile loads one ShardTopology, ensures its finalizer, runs the steps
+// in order and patches its status once, at the end, whatever happened.
 func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	logger := log.FromContext(ctx)
 
 	topo := &topologyv1.ShardTopology{}
 	if err := r.Client.Get(ctx, req.NamespacedName, topo); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Gone without our finalizer (or after it): drop what we hold.
+			r.conns().Close(req.NamespacedName)
+			forgetMetrics(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !topo.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil
+		return r.reconcileDelete(ctx, topo)
 	}
 
 	s := newScope(topo, r.now())
@@ -63,22 +89,48 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		// Write Ready=Unknown and Reconciling=True before doing anything, so
 		// a GitOps tool never reads a new object as healthy. The status
 		// patch wakes the next reconcile.
-		return ctrl.Result{}, r.patchStatus(ctx, s, firstSightStatus(topo, s.now))
+		st := firstSightStatus(topo, s.now)
+		return ctrl.Result{}, r.patchStatus(ctx, s, func(*topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return st })
+	}
+	if err := r.ensureFinalizer(ctx, s); err != nil {
+		return ctrl.Result{}, err
 	}
 
 	defer func() {
-		status := computeStatus(topo, s.observation(retErr), s.now)
-		if err := r.patchStatus(ctx, s, status); err != nil {
+		obs := s.observation(retErr)
+		compute := func(t *topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return computeStatus(t, obs, s.now) }
+		if err := r.patchStatus(ctx, s, compute); err != nil && retErr == nil {
 			retErr = err
 		}
 	}()
 
 	result, err := runSteps(ctx, r, s, reconcileSteps)
-	if err != nil {
+	switch {
+	case s.stall != nil:
+		logger.Info("Stalled", "reason", s.stall.Reason, "field", s.stall.Field)
+	case err != nil:
 		logger.Error(err, "Reconcile step failed", "step", s.failedStep)
+	}
+	if err != nil {
 		return ctrl.Result{}, err
 	}
 	return result, nil
+}
+
+// ensureFinalizer adds the finalizer before anything is provisioned.
+func (r *ShardTopologyReconciler) ensureFinalizer(ctx context.Context, s *scope) error {
+	if controllerutil.ContainsFinalizer(s.topo, topologyv1.Finalizer) {
+		return nil
+	}
+	after := s.topo.DeepCopy()
+	controllerutil.AddFinalizer(after, topologyv1.Finalizer)
+	if err := r.Client.Patch(ctx, after, client.MergeFromWithOptions(s.topo, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("add finalizer: %w", err)
+	}
+	// The patch returned the new resourceVersion: the status patch's
+	// optimistic lock must use it.
+	s.topo = after
+	return nil
 }
 
 func (r *ShardTopologyReconciler) now() time.Time {
@@ -88,35 +140,102 @@ func (r *ShardTopologyReconciler) now() time.Time {
 	return time.Now()
 }
 
-// patchStatus writes status when it differs from what was read, with
-// optimistic locking so a concurrent writer makes us retry instead of
-// clobbering it, and records an Event for every condition that changed.
-func (r *ShardTopologyReconciler) patchStatus(ctx context.Context, s *scope, status topologyv1.ShardTopologyStatus) error {
-	before := s.topo
-	if statusEqual(before.Status, status) {
-		return nil
+func (r *ShardTopologyReconciler) conns() *Connections {
+	if r.Conns != nil {
+		return r.Conns
 	}
-	after := before.DeepCopy()
-	after.Status = status
-	patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
-	if err := r.Client.Status().Patch(ctx, after, patch); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			// Someone else wrote first (or the object is gone); the watch
-			// brings us back with fresh data.
+	r.once.Do(func() { r.ownConns = &Connections{} })
+	return r.ownConns
+}
+
+func (r *ShardTopologyReconciler) reader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
+func (r *ShardTopologyReconciler) censusInterval() time.Duration {
+	if r.CensusInterval > 0 {
+		return r.CensusInterval
+	}
+	return DefaultCensusInterval
+}
+
+// event records a step Event about the topology.
+func (r *ShardTopologyReconciler) event(s *scope, eventType, reason, action, note string, args ...any) {
+	r.Recorder.Eventf(s.topo, nil, eventType, reason, action, note, args...)
+}
+
+// patchStatus writes the status compute gives for the object, with
+// optimistic locking: on a conflict it reads the object again and, if its
+// generation did not move (the observation still describes this spec),
+// computes the status anew on top of what the other writer wrote. A write
+// that changes nothing is skipped. Every condition that changed becomes an
+// Event, and the metrics follow the status written.
+func (r *ShardTopologyReconciler) patchStatus(ctx context.Context, s *scope, compute func(*topologyv1.ShardTopology) topologyv1.ShardTopologyStatus) error {
+	before := s.topo
+	for attempt := 0; ; attempt++ {
+		status := compute(before)
+		if statusEqual(before.Status, status) {
+			recordStatusMetrics(s.key, &status)
+			return nil
+		}
+		after := before.DeepCopy()
+		after.Status = status
+		patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+		err := r.Client.Status().Patch(ctx, after, patch)
+		switch {
+		case err == nil:
+			r.statusEvents(before, after)
+			recordStatusMetrics(s.key, &after.Status)
+			return nil
+		case apierrors.IsNotFound(err):
+			return nil
+		case !apierrors.IsConflict(err):
+			return fmt.Errorf("patch status of %s: %w", s.key, err)
+		}
+		fresh := &topologyv1.ShardTopology{}
+		if attempt == 2 || r.Client.Get(ctx, s.key, fresh) != nil || fresh.Generation != before.Generation {
+			// The spec moved: this observation is stale, and the watch
+			// brings a reconcile of the new generation.
 			log.FromContext(ctx).V(1).Info("Status patch skipped", "reason", err.Error())
 			return nil
 		}
-		return fmt.Errorf("patch status of %s/%s: %w", after.Namespace, after.Name, err)
+		before = fresh
 	}
-	for _, t := range conditionTransitions(before.Status.Conditions, status.Conditions) {
+}
+
+// statusEvents records an Event for every condition that changed, and the
+// RolloutPaused step event when pause starts holding a step.
+func (r *ShardTopologyReconciler) statusEvents(before, after *topologyv1.ShardTopology) {
+	for _, t := range conditionTransitions(before.Status.Conditions, after.Status.Conditions) {
 		r.Recorder.Eventf(after, nil, t.eventType, t.reason, t.action, "%s", t.note)
 	}
-	return nil
+	if after.Status.Phase == topologyv1.PhasePaused && before.Status.Phase != topologyv1.PhasePaused {
+		msg := ""
+		if after.Status.Rollout != nil {
+			msg = after.Status.Rollout.Message
+		}
+		r.Recorder.Eventf(after, nil, eventNormal, "RolloutPaused", "Pause", "rollout paused: %s", msg)
+	}
+}
+
+// SetupOptions tune SetupWithManager.
+type SetupOptions struct {
+	// SkipNameValidation lets several managers in one process (tests)
+	// register a controller of the same name.
+	SkipNameValidation bool
 }
 
 // SetupWithManager registers the reconciler and its watches: ShardTopology
-// itself, and the Secrets and StatefulSets it references.
-func (r *ShardTopologyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+// itself, and the Secrets and StatefulSets it references. Pods and the
+// registry are polled while a rollout needs them.
+func (r *ShardTopologyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts ...SetupOptions) error {
+	var o SetupOptions
+	for _, x := range opts {
+		o = x
+	}
 	idx := mgr.GetFieldIndexer()
 	if err := idx.IndexField(ctx, &topologyv1.ShardTopology{}, indexSecretRefs, func(o client.Object) []string {
 		return referencedSecrets(&o.(*topologyv1.ShardTopology).Spec)
@@ -128,11 +247,19 @@ func (r *ShardTopologyReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 	}); err != nil {
 		return fmt.Errorf("index %s: %w", indexStatefulSet, err)
 	}
+	skip := o.SkipNameValidation
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&topologyv1.ShardTopology{}).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexSecretRefs))).
 		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexStatefulSet))).
+		WithOptions(controller.Options{
+			// Topologies are independent; one waiting on a slow NATS
+			// request must not hold the others up.
+			MaxConcurrentReconciles: 4,
+			SkipNameValidation:      &skip,
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, maxRetryDelay),
+		}).
 		Complete(r)
 }
 

@@ -6,42 +6,118 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// Polling intervals. The registry and the pods are polled rather than
+// watched: workers write the registry, and polling a roll's few pods is
+// cheaper than caching every pod of the cluster.
+const (
+	// pollFast is how often a rollout step that waits on workers or pods
+	// looks again (acks, claims, handovers, rejoins).
+	pollFast = time.Second
+	// pollSlow is how often a step waiting on rows to drain looks again.
+	pollSlow = 5 * time.Second
+	// pollIdle bounds how stale status.units gets in the steady state.
+	pollIdle = 30 * time.Second
+	// reprovisionEvery is how often the steady state re-runs Provision to
+	// correct drift (it also runs after every operator start).
+	reprovisionEvery = 10 * time.Minute
+	// natsOpTimeout bounds one NATS operation (Provision, RetireConsumers).
+	natsOpTimeout = time.Minute
 )
 
 // scope is what one reconcile knows: the object as read, the time it
-// started, and what its steps found.
+// started, the connections it uses and what its steps found. Steps fill it
+// in order; the pure status functions read it through observation.
 type scope struct {
 	topo *topologyv1.ShardTopology
+	key  types.NamespacedName
 	now  time.Time
 
 	// stall is set by a step that found something only a person can fix.
 	stall *StallError
-	// pending says what valid work this build has not done, if any.
-	pending string
 	// failedStep names the step that returned an error.
 	failedStep string
+
+	secrets map[string]*corev1.Secret
+	sts     *appsv1.StatefulSet
+	params  poolctl.Params
+
+	reg poolctl.Registry
+	nc  *nats.Conn
+	// sys is the system-account connection; nil without system credentials.
+	sys *nats.Conn
+
+	snap   *poolctl.Snapshot
+	claims map[string]poolctl.ClaimInfo
+	// changed: a step wrote the registry, so it is read again for status.
+	changed bool
+
+	census      *censusReport
+	change      changeReport
+	rollWorld   *rollWorld
+	roll        rollReport
+	provisioned *topologyv1.TopologyShape
+	retiring    []ownership.Unit
+	// retiringLeft counts the units retireUnits kept, when it ran.
+	retiringLeft *int
 }
 
 func newScope(t *topologyv1.ShardTopology, now time.Time) *scope {
-	return &scope{topo: t.DeepCopy(), now: now}
+	s := &scope{topo: t.DeepCopy(), key: types.NamespacedName{Namespace: t.Namespace, Name: t.Name}, now: now}
+	if p := t.Status.Provisioned; p != nil {
+		cp := *p
+		s.provisioned = &cp
+	}
+	return s
 }
 
 // firstSight reports whether no reconcile has written status yet.
 func (s *scope) firstSight() bool { return len(s.topo.Status.Conditions) == 0 }
 
+// registryKey is the topology's key in the registry.
+func (s *scope) registryKey() string { return s.topo.RegistryKey() }
+
+// target is the topology the spec asks for.
+func (s *scope) target() ownership.Topology {
+	return ownership.Topology{Partitions: int(s.topo.Spec.Partitions), Shards: int(s.topo.Spec.ShardsPerPartition)}
+}
+
 // observation condenses what the steps found for the pure status functions.
 func (s *scope) observation(err error) observation {
-	o := observation{stall: s.stall, pending: s.pending, paused: s.topo.IsPaused()}
+	o := observation{
+		stall:       s.stall,
+		paused:      s.topo.IsPaused(),
+		census:      s.census,
+		change:      s.change,
+		roll:        s.roll,
+		provisioned: s.provisioned,
+		spec:        s.topo.Spec.Shape(),
+	}
+	switch {
+	case s.retiringLeft != nil:
+		o.retiring = *s.retiringLeft
+	case s.snap != nil && s.snap.Active != nil:
+		o.retiring = len(s.unitsToRetire(epochTopology(s.snap.Active)))
+	}
 	var stall *StallError
 	if err != nil && !errors.As(err, &stall) {
 		o.err = err
+	}
+	if s.snap != nil {
+		o.registry = &registryView{snap: *s.snap, claims: s.claims}
 	}
 	return o
 }
@@ -56,11 +132,16 @@ type StallError struct {
 	Field string
 	// Detail says what is wrong and what is allowed.
 	Detail string
+	// Poll, when set, is how soon to look again: for stalls the world may
+	// end on its own (a pod that hands over late), not only a spec change.
+	Poll time.Duration
 }
 
 func (e *StallError) Error() string { return e.Field + ": " + e.Detail }
 
-// step is one named, idempotent piece of a reconcile.
+// step is one named, idempotent piece of a reconcile. Every step has this
+// signature; a step that waits returns RequeueAfter, one that cannot go on
+// sets s.stall, one that failed returns an error.
 type step struct {
 	name string
 	run  func(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error)
@@ -70,7 +151,14 @@ type step struct {
 var reconcileSteps = []step{
 	{"CheckSecrets", checkSecrets},
 	{"CheckWorkload", checkWorkload},
-	{"ReportPendingWork", reportPendingWork},
+	{"CheckLeaseParams", checkLeaseParams},
+	{"Connect", connect},
+	{"ObserveRegistry", observeRegistry},
+	{"Census", takeCensus},
+	{"ObservePods", observePods},
+	{"RollOutTopology", rollOutTopology},
+	{"RollPods", rollPods},
+	{"Report", report},
 }
 
 // runSteps runs steps in order and keeps the shortest requeue any asked for.
@@ -80,12 +168,15 @@ func runSteps(ctx context.Context, r *ShardTopologyReconciler, s *scope, steps [
 		res, err := st.run(ctx, r, s)
 		if err != nil {
 			s.failedStep = st.name
-			return ctrl.Result{}, err
-		}
-		if s.stall != nil {
-			return ctrl.Result{}, ctrl.TerminalError(s.stall)
+			return ctrl.Result{}, fmt.Errorf("%s: %w", st.name, err)
 		}
 		result.RequeueAfter = shortestRequeue(result.RequeueAfter, res.RequeueAfter)
+		if s.stall != nil {
+			if s.stall.Poll > 0 {
+				return ctrl.Result{RequeueAfter: shortestRequeue(result.RequeueAfter, s.stall.Poll)}, nil
+			}
+			return ctrl.Result{}, ctrl.TerminalError(s.stall)
+		}
 	}
 	return result, nil
 }
@@ -132,50 +223,261 @@ func referencedSecrets(spec *topologyv1.ShardTopologySpec) []string {
 	return names
 }
 
-// checkSecrets stalls when a referenced Secret or key is missing. Secret
-// values are never read into logs or status; only their presence is checked.
+// checkSecrets stalls when a referenced Secret or key is missing, and keeps
+// the Secrets for Connect. Secret values are never written to logs, status
+// or events.
 func checkSecrets(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	t := s.topo
+	s.secrets = map[string]*corev1.Secret{}
 	for _, ref := range secretRefs(&t.Spec) {
-		var sec corev1.Secret
-		err := r.Client.Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, &sec)
-		switch {
-		case apierrors.IsNotFound(err):
-			s.stall = &StallError{topologyv1.ReasonSecretNotFound, ref.field,
-				fmt.Sprintf("Secret %q not found in namespace %q", ref.name, t.Namespace)}
-			return ctrl.Result{}, nil
-		case err != nil:
-			return ctrl.Result{}, fmt.Errorf("get Secret %s for %s: %w", ref.name, ref.field, err)
+		sec := s.secrets[ref.name]
+		if sec == nil {
+			sec = &corev1.Secret{}
+			err := r.Client.Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
+			switch {
+			case apierrors.IsNotFound(err):
+				s.stall = &StallError{Reason: topologyv1.ReasonSecretNotFound, Field: ref.field,
+					Detail: fmt.Sprintf("Secret %q not found in namespace %q", ref.name, t.Namespace)}
+				return ctrl.Result{}, nil
+			case err != nil:
+				return ctrl.Result{}, fmt.Errorf("get Secret %s for %s: %w", ref.name, ref.field, err)
+			}
+			s.secrets[ref.name] = sec
 		}
 		if _, ok := sec.Data[ref.key]; ref.key != "" && !ok {
-			s.stall = &StallError{topologyv1.ReasonSecretKeyMissing, ref.field,
-				fmt.Sprintf("Secret %q has no key %q", ref.name, ref.key)}
+			s.stall = &StallError{Reason: topologyv1.ReasonSecretKeyMissing, Field: ref.field,
+				Detail: fmt.Sprintf("Secret %q has no key %q", ref.name, ref.key)}
 			return ctrl.Result{}, nil
 		}
 	}
 	return ctrl.Result{}, nil
 }
 
-// checkWorkload stalls when the worker StatefulSet does not exist.
+// checkWorkload stalls when the worker StatefulSet does not exist or does
+// not let the operator roll its pods (update strategy OnDelete).
 func checkWorkload(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	t := s.topo
 	name := t.Spec.Workload.StatefulSetName
-	var sts appsv1.StatefulSet
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: name}, &sts)
+	sts := &appsv1.StatefulSet{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: name}, sts)
 	switch {
 	case apierrors.IsNotFound(err):
-		s.stall = &StallError{topologyv1.ReasonWorkloadNotFound, "spec.workload.statefulSetName",
-			fmt.Sprintf("StatefulSet %q not found in namespace %q", name, t.Namespace)}
+		s.stall = &StallError{Reason: topologyv1.ReasonWorkloadNotFound, Field: "spec.workload.statefulSetName",
+			Detail: fmt.Sprintf("StatefulSet %q not found in namespace %q", name, t.Namespace)}
 		return ctrl.Result{}, nil
 	case err != nil:
 		return ctrl.Result{}, fmt.Errorf("get StatefulSet %s: %w", name, err)
 	}
+	if typ := sts.Spec.UpdateStrategy.Type; typ != appsv1.OnDeleteStatefulSetStrategyType {
+		if typ == "" {
+			typ = appsv1.RollingUpdateStatefulSetStrategyType
+		}
+		s.stall = &StallError{Reason: topologyv1.ReasonWorkloadUpdateStrategy, Field: "spec.workload.statefulSetName",
+			Detail: fmt.Sprintf("StatefulSet %q uses update strategy %s; set its spec.updateStrategy.type to OnDelete so the operator rolls its pods one at a time, each handing its units over before it is deleted",
+				name, typ)}
+		return ctrl.Result{}, nil
+	}
+	s.sts = sts
 	return ctrl.Result{}, nil
 }
 
-// reportPendingWork records honestly that provisioning and rollouts are not
-// performed by this build yet, so status never claims Ready.
-func reportPendingWork(_ context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
-	s.pending = "spec is valid; provisioning NATS streams and consumers, the registry and rollouts are not implemented in this build"
+// leaseParams are the registry lease parameters of a spec: the spec's lease
+// TTL and renew interval, a query bound of a quarter of the lease (at most
+// 2s), and the smallest grace P5 allows (renew interval plus query bound).
+func leaseParams(r *topologyv1.RolloutSpec) poolctl.Params {
+	ttl, renew := r.LeaseTTLOrDefault(), r.RenewIntervalOrDefault()
+	qb := min(2*time.Second, ttl/4)
+	return poolctl.Params{LeaseTTL: ttl, RenewInterval: renew, QueryBound: qb, Grace: renew + qb}
+}
+
+// checkLeaseParams stalls on lease parameters the registry would refuse.
+// The CRD's rules make this unreachable through the API server; objects
+// stored before a rule existed still get a clear answer.
+func checkLeaseParams(_ context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	p := leaseParams(&s.topo.Spec.Rollout)
+	if err := p.Validate(); err != nil {
+		s.stall = &StallError{Reason: topologyv1.ReasonInvalidSpec, Field: "spec.rollout.leaseTTL/spec.rollout.renewInterval",
+			Detail: fmt.Sprintf("lease TTL %s with renew interval %s gives lease parameters the registry refuses: %v; keep renewInterval at most half of leaseTTL",
+				p.LeaseTTL, p.RenewInterval, err)}
+		return ctrl.Result{}, nil
+	}
+	s.params = p
 	return ctrl.Result{}, nil
+}
+
+// secretValue is one key of a Secret that checkSecrets found.
+func (s *scope) secretValue(ref *topologyv1.SecretKeyRef) []byte {
+	if ref == nil {
+		return nil
+	}
+	if sec := s.secrets[ref.Name]; sec != nil {
+		return sec.Data[ref.Key]
+	}
+	return nil
+}
+
+// natsConfig is how to reach NATS with the credentials at ref.
+func (s *scope) natsConfig(ref *topologyv1.SecretKeyRef, role string) NATSConfig {
+	cfg := NATSConfig{
+		Name:        fmt.Sprintf("shardkeeper-operator %s (%s)", s.registryKey(), role),
+		URLs:        s.topo.Spec.NATS.URLs,
+		Credentials: s.secretValue(ref),
+	}
+	if ref := s.topo.Spec.NATS.TLSSecretRef; ref != nil {
+		if sec := s.secrets[ref.Name]; sec != nil {
+			cfg.TLS = sec.Data
+		}
+	}
+	return cfg
+}
+
+// connect opens (or reuses) the registry and NATS connections and writes
+// the lease parameters. Unreachable servers are errors a retry may fix;
+// credentials that cannot be parsed stall, naming the field.
+func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	spec := &s.topo.Spec
+	reg, err := r.conns().Registry(ctx, s.key, string(s.secretValue(&spec.Registry.DSNSecretRef)))
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("open registry from spec.registry.dsnSecretRef: %w", err)
+	}
+	if err := r.conns().EnsureTopology(ctx, s.key, reg, s.registryKey(), s.params); err != nil {
+		return ctrl.Result{}, fmt.Errorf("write lease parameters: %w", err)
+	}
+	s.reg = reg
+
+	nc, err := r.conns().NATS(s.key, s.natsConfig(spec.NATS.CredentialsSecretRef, "streams"))
+	if errors.Is(err, ErrBadCredentials) {
+		s.stall = &StallError{Reason: topologyv1.ReasonInvalidSpec, Field: "spec.nats.credentialsSecretRef", Detail: err.Error()}
+		return ctrl.Result{}, nil
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	s.nc = nc
+	if ref := spec.NATS.SystemCredentialsSecretRef; ref != nil {
+		sys, err := r.conns().SystemNATS(s.key, s.natsConfig(ref, "system"))
+		if errors.Is(err, ErrBadCredentials) {
+			s.stall = &StallError{Reason: topologyv1.ReasonInvalidSpec, Field: "spec.nats.systemCredentialsSecretRef", Detail: err.Error()}
+			return ctrl.Result{}, nil
+		}
+		if err != nil {
+			// The census fails closed without it; the rollout does not
+			// need it, so this is not an error of the reconcile.
+			log.FromContext(ctx).Info("System account connection failed; census fails closed", "error", err.Error())
+			s.census = &censusReport{failed: fmt.Sprintf("connect with spec.nats.systemCredentialsSecretRef: %v", err)}
+		}
+		s.sys = sys
+	}
+	return ctrl.Result{}, nil
+}
+
+// observeRegistry reads the topology's registry state: epochs, members,
+// the RESET permission and every claim.
+func observeRegistry(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	return ctrl.Result{}, s.readRegistry(ctx)
+}
+
+func (s *scope) readRegistry(ctx context.Context) error {
+	snap, err := s.reg.Snapshot(ctx, s.registryKey())
+	if err != nil {
+		return fmt.Errorf("read registry: %w", err)
+	}
+	rows, err := s.reg.Claims(ctx, s.registryKey())
+	if err != nil {
+		return fmt.Errorf("read claims: %w", err)
+	}
+	s.snap = &snap
+	s.claims = make(map[string]poolctl.ClaimInfo, len(rows))
+	for _, c := range rows {
+		s.claims[c.Unit] = c
+	}
+	s.changed = false
+	return nil
+}
+
+// report reads the registry again when a step changed it, so status
+// describes the world after this reconcile's actions.
+func report(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	if s.changed {
+		if err := s.readRegistry(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{RequeueAfter: pollIdle}, nil
+}
+
+// layoutFor is what the spec asks of NATS for an N x V shape.
+func layoutFor(spec *topologyv1.ShardTopologySpec, t ownership.Topology) natsops.Layout {
+	n := &spec.NATS
+	return natsops.Layout{
+		SubjectPrefix: n.SubjectPrefixOrDefault(),
+		ConsumerName:  n.ConsumerNameOrDefault(),
+		Partitions:    t.Partitions,
+		Shards:        t.Shards,
+		Replicas:      n.ReplicasOrDefault(),
+		PinnedTTL:     n.PinnedTTLOrDefault(),
+		AckWait:       n.AckWaitOrDefault(),
+		Assignment:    natsops.ShardAssignment(n.ShardAssignment),
+	}
+}
+
+// epochTopology is an epoch's N x V.
+func epochTopology(e *poolctl.Epoch) ownership.Topology {
+	return ownership.Topology{Partitions: e.Partitions, Shards: e.Shards}
+}
+
+// ownedBy maps each unit held by a live member to that member. A held row
+// whose owner's lease lapsed is not a valid claim: its unit is unowned
+// until someone adopts it.
+func ownedBy(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo) map[string]string {
+	live := map[string]bool{}
+	for _, m := range snap.LiveMembers() {
+		live[m.Name] = true
+	}
+	out := map[string]string{}
+	for u, c := range claims {
+		if c.State != poolctl.StateFree && live[c.Owner] {
+			out[u] = c.Owner
+		}
+	}
+	return out
+}
+
+// unitCounts counts the active epoch's units by ownership. Two valid
+// claims on one unit cannot be represented in the registry (the unit is
+// the claims table's key), so multiply-owned is 0 by construction.
+func unitCounts(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo) (total, owned int) {
+	if snap == nil || snap.Active == nil {
+		return 0, 0
+	}
+	owners := ownedBy(snap, claims)
+	for _, u := range epochTopology(snap.Active).Units() {
+		if owners[u.String()] != "" {
+			owned++
+		}
+	}
+	return epochTopology(snap.Active).Len(), owned
+}
+
+// placementOwners is who placement gives each unit of t over the live
+// members' slots, the way workers compute it. Members being drained for a
+// pod roll are left out when excluded says so.
+func placementOwners(t ownership.Topology, live []poolctl.Member, excluded func(poolctl.Member) bool) map[string]string {
+	bySlot := map[ownership.Slot]string{}
+	var slots []ownership.Slot
+	for _, m := range live {
+		if m.Slot < 0 || (excluded != nil && excluded(m)) {
+			continue
+		}
+		bySlot[ownership.Slot(m.Slot)] = m.Name
+		slots = append(slots, ownership.Slot(m.Slot))
+	}
+	pl := ownership.Place(t.Units(), slots)
+	out := make(map[string]string, t.Len())
+	for _, u := range t.Units() {
+		if s, ok := pl.Owner(u); ok {
+			out[u.String()] = bySlot[s]
+		}
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -9,18 +10,37 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
 // observation is what one reconcile found, reduced to what status needs.
+// Status is a pure function of the object and an observation (P7: it says
+// what is true now).
 type observation struct {
 	// stall: the spec cannot be acted on until something changes.
 	stall *StallError
 	// err: a step failed in a way a retry may fix.
 	err error
-	// pending: the spec is valid, but this work is not done.
-	pending string
 	// paused: the spec or annotation holds the rollout.
 	paused bool
+	// spec is the N x V the spec asks for.
+	spec topologyv1.TopologyShape
+	// registry is the registry as last read; nil when it was not reached.
+	registry *registryView
+	// census is the census taken this reconcile; nil when none was due.
+	census *censusReport
+	change changeReport
+	roll   rollReport
+	// provisioned is the envelope of consumers provisioned and not retired.
+	provisioned *topologyv1.TopologyShape
+	// retiring counts units outside the active epoch whose consumers exist.
+	retiring int
+}
+
+// registryView is a snapshot and the claims read with it.
+type registryView struct {
+	snap   poolctl.Snapshot
+	claims map[string]poolctl.ClaimInfo
 }
 
 // firstSightStatus is the status of an object no reconcile has touched:
@@ -36,13 +56,21 @@ func firstSightStatus(t *topologyv1.ShardTopology, now time.Time) topologyv1.Sha
 
 // computeStatus derives the whole status from one observation. It is pure:
 // the same inputs always give the same status, which the tests rely on.
+//
+// Ready is True only when the active epoch is the spec's, nothing is
+// pending, no pod is being rolled, nothing is left to retire and every unit
+// is owned. Reconciling is True while work remains, Stalled when a person
+// must act, RolloutPaused while pause holds a step; observedGeneration moves
+// only when every step ran without error.
 func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) topologyv1.ShardTopologyStatus {
 	st := *t.Status.DeepCopy()
 	set := conditionSetter(&st, t.Generation, now)
 
-	setPaused(set, o.paused)
-	if meta.FindStatusCondition(st.Conditions, topologyv1.ConditionVersionFloorMet) == nil {
-		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonCensusPending, "no census of NATS server versions has been taken yet")
+	held := o.change.held || o.roll.held
+	setPaused(set, o.paused, held, o.change.message, o.roll.message)
+	applyCensus(&st, set, o.census, t.Spec.NATS.AckWaitOrDefault())
+	if o.registry != nil {
+		applyWorld(&st, t, o, now)
 	}
 
 	switch {
@@ -60,23 +88,253 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 		set(topologyv1.ConditionStalled, metav1.ConditionFalse, topologyv1.ReasonReconcileError, "retrying: "+msg)
 		set(topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonReconcileError, msg)
 		set(topologyv1.ConditionReconciling, metav1.ConditionTrue, topologyv1.ReasonReconcileError, msg)
-	case o.pending != "":
-		st.Phase = topologyv1.PhasePending
+	default:
+		phase, reason, msg := assess(&st, o)
+		st.Phase = phase
 		set(topologyv1.ConditionStalled, metav1.ConditionFalse, topologyv1.ReasonSpecValid, "every check of the spec against the cluster passed")
-		set(topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonNotImplemented, o.pending)
-		set(topologyv1.ConditionReconciling, metav1.ConditionTrue, topologyv1.ReasonNotImplemented, o.pending)
+		if phase == topologyv1.PhaseReady {
+			set(topologyv1.ConditionReady, metav1.ConditionTrue, topologyv1.ReasonReady, msg)
+			set(topologyv1.ConditionReconciling, metav1.ConditionFalse, topologyv1.ReasonReady, "nothing left to do")
+		} else {
+			set(topologyv1.ConditionReady, metav1.ConditionFalse, reason, msg)
+			set(topologyv1.ConditionReconciling, metav1.ConditionTrue, reason, msg)
+		}
 		st.ObservedGeneration = t.Generation
 	}
+	st.Progress = progressText(&st, o)
 	return st
 }
 
-func setPaused(set setFunc, paused bool) {
-	if paused {
-		set(topologyv1.ConditionRolloutPaused, metav1.ConditionTrue, topologyv1.ReasonPaused,
-			fmt.Sprintf("spec.rollout.paused or annotation %s holds the rollout before its next step", topologyv1.PausedAnnotation))
+// assess says where a topology whose steps all ran stands: its phase, and
+// the reason and message of Ready/Reconciling.
+func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase, string, string) {
+	firstEpoch := st.ActiveEpoch == nil
+	reason := topologyv1.ReasonRollingOut
+	if firstEpoch {
+		reason = topologyv1.ReasonProvisioning
+	}
+	u := st.Units
+	switch {
+	case o.change.held || o.roll.held:
+		return topologyv1.PhasePaused, reason, joinNonEmpty(o.change.message, o.roll.message)
+	case firstEpoch:
+		return topologyv1.PhaseProvisioning, topologyv1.ReasonProvisioning, nonEmpty(o.change.message, "provisioning the first epoch")
+	case o.change.inProgress:
+		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, o.change.message
+	case o.roll.active:
+		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, o.roll.message
+	case u != nil && u.Owned < u.Total:
+		workers := 0
+		if o.registry != nil {
+			workers = len(o.registry.snap.LiveMembers())
+		}
+		return topologyv1.PhasePending, topologyv1.ReasonWaitingForWorkers,
+			fmt.Sprintf("%d/%d units owned, %d unowned; %d live workers", u.Owned, u.Total, u.Unowned, workers)
+	}
+	a := st.ActiveEpoch
+	total := int32(0)
+	if u != nil {
+		total = u.Total
+	}
+	return topologyv1.PhaseReady, topologyv1.ReasonReady,
+		fmt.Sprintf("epoch %d (%dx%d) active; all %d units owned", a.Number, a.Partitions, a.ShardsPerPartition, total)
+}
+
+// applyWorld records the registry's epochs, the unit counts, the
+// provisioned envelope and the rollout's progress.
+func applyWorld(st *topologyv1.ShardTopologyStatus, t *topologyv1.ShardTopology, o observation, now time.Time) {
+	snap := &o.registry.snap
+	st.ActiveEpoch, st.TargetEpoch = epochStatus(snap.Active), epochStatus(snap.Pending)
+	st.Units = nil
+	if snap.Active != nil {
+		total, owned := unitCounts(snap, o.registry.claims)
+		st.Units = &topologyv1.UnitCounts{Total: int32(total), Owned: int32(owned), Unowned: int32(total - owned), Retiring: int32(o.retiring)}
+	}
+	if o.provisioned != nil {
+		p := *o.provisioned
+		st.Provisioned = &p
+	}
+	st.Rollout = rolloutStatus(t.Status.Rollout, st, o, now)
+}
+
+// rolloutStatus is the rollout in progress, or nil. A topology change is
+// reported while it runs, except that a pod roll in flight is reported
+// instead while the change only waits for it or retires leftovers.
+func rolloutStatus(prev *topologyv1.RolloutStatus, st *topologyv1.ShardTopologyStatus, o observation, now time.Time) *topologyv1.RolloutStatus {
+	podsFirst := o.roll.active && (o.change.state == stateSteady || o.change.state == stateRetiring || o.change.state == stateChangeWanted)
+	switch {
+	case o.change.inProgress && !podsFirst:
+		r := &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindTopology, Step: o.change.step, Message: o.change.message,
+			StartedAt: ptrTime(now), UnitsToMove: o.change.unitsToMove}
+		if prev != nil && prev.Kind == topologyv1.RolloutKindTopology {
+			r.StartedAt, r.FromEpoch = prev.StartedAt, prev.FromEpoch
+			if r.UnitsToMove == 0 {
+				r.UnitsToMove = prev.UnitsToMove
+			}
+		} else if st.ActiveEpoch != nil && o.change.state != stateClaiming && o.change.state != stateRetiring {
+			from := *st.ActiveEpoch
+			r.FromEpoch = &from
+		}
+		r.UnitsMoved = unitsMoved(r, o)
+		return r
+	case o.roll.active:
+		r := &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindPods, Step: o.roll.step, Message: o.roll.message,
+			StartedAt: ptrTime(now), PodsDone: o.roll.done, PodsTotal: o.roll.total, Pods: o.roll.pods}
+		if prev != nil && prev.Kind == topologyv1.RolloutKindPods {
+			r.StartedAt = prev.StartedAt
+		}
+		return r
+	}
+	return nil
+}
+
+// unitsMoved counts the moved units already held by their new owner:
+// before activation none; after it, the units to move less those not yet
+// owned by their placement owner.
+func unitsMoved(r *topologyv1.RolloutStatus, o observation) int32 {
+	switch r.Step {
+	case topologyv1.StepProvision, topologyv1.StepFreeze, topologyv1.StepActivate, topologyv1.StepAbort, "":
+		return 0
+	}
+	snap := &o.registry.snap
+	if snap.Active == nil {
+		return 0
+	}
+	owners := ownedBy(snap, o.registry.claims)
+	misplaced := int32(0)
+	for u, want := range placementOwners(epochTopology(snap.Active), snap.LiveMembers(), nil) {
+		if owners[u] != want {
+			misplaced++
+		}
+	}
+	return max(0, min(r.UnitsToMove, r.UnitsToMove-misplaced))
+}
+
+func epochStatus(e *poolctl.Epoch) *topologyv1.TopologyEpoch {
+	if e == nil {
+		return nil
+	}
+	return &topologyv1.TopologyEpoch{Number: e.Number, Partitions: int32(e.Partitions), ShardsPerPartition: int32(e.Shards)}
+}
+
+// applyCensus records a census taken this reconcile and sets
+// VersionFloorMet from it. Without one, the last census stays.
+func applyCensus(st *topologyv1.ShardTopologyStatus, set setFunc, c *censusReport, ackWait time.Duration) {
+	if c == nil {
+		if meta.FindStatusCondition(st.Conditions, topologyv1.ConditionVersionFloorMet) == nil {
+			set(topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonCensusPending, "no census of NATS server versions has been taken yet")
+		}
 		return
 	}
-	set(topologyv1.ConditionRolloutPaused, metav1.ConditionFalse, topologyv1.ReasonNotPaused, "nothing holds the rollout")
+	off := fmt.Sprintf("RESET-based takeover is off; takeover waits for ack_wait (%s)", ackWait)
+	switch {
+	case c.noSystemCredentials:
+		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonNoSystemCredentials,
+			"spec.nats.systemCredentialsSecretRef is not set, so no census can be taken (fail closed); "+off)
+	case c.failed != "":
+		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonCensusFailed,
+			"census failed: "+c.failed+"; "+off)
+	default:
+		cs := c.census
+		taken := metav1.NewTime(cs.TakenAt.Truncate(time.Second))
+		st.Census = &topologyv1.CensusStatus{ObservedAt: &taken, Servers: int32(countedServers(cs)), MinVersion: cs.MinVersion, BelowFloor: cs.BelowFloor}
+		if len(st.Census.BelowFloor) == 0 {
+			st.Census.BelowFloor = nil
+		}
+		if cs.FloorMet() {
+			msg := fmt.Sprintf("%d servers at or above %s (lowest %s)", countedServers(cs), cs.Floor, cs.MinVersion)
+			if !c.allowed {
+				msg += "; RESET still refused: " + c.reason
+			}
+			set(topologyv1.ConditionVersionFloorMet, metav1.ConditionTrue, topologyv1.ReasonFloorMet, msg)
+			return
+		}
+		msg := fmt.Sprintf("servers below %s: %s; %s", cs.Floor, serversWithVersions(cs, 6), off)
+		if f := censusFindings(cs); f != "" {
+			msg += ". " + f
+		}
+		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionFalse, topologyv1.ReasonBelowFloor, msg)
+	}
+}
+
+// progressText is the Progress column: the active epoch and its units,
+// then the change, retirement and pod roll in progress, e.g.
+// "epoch 2 (4x16): units 64/64 owned; pods 2/3".
+func progressText(st *topologyv1.ShardTopologyStatus, o observation) string {
+	var parts []string
+	switch a := st.ActiveEpoch; {
+	case a != nil && st.Units != nil:
+		parts = append(parts, fmt.Sprintf("epoch %d (%dx%d): units %d/%d owned", a.Number, a.Partitions, a.ShardsPerPartition, st.Units.Owned, st.Units.Total))
+	case o.registry != nil:
+		parts = append(parts, "no active epoch")
+	default:
+		return st.Progress
+	}
+	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindTopology && r.Step != topologyv1.StepClaim && r.Step != topologyv1.StepRetire {
+		to := o.spec.String()
+		if e := st.TargetEpoch; e != nil {
+			to = fmt.Sprintf("epoch %d (%dx%d)", e.Number, e.Partitions, e.ShardsPerPartition)
+		}
+		parts = append(parts, fmt.Sprintf("-> %s: %s", to, r.Step))
+	}
+	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindTopology && (r.Step == topologyv1.StepClaim || r.Step == topologyv1.StepRetire) && r.UnitsToMove > 0 {
+		parts = append(parts, fmt.Sprintf("moved %d/%d", r.UnitsMoved, r.UnitsToMove))
+	}
+	if st.Units != nil && st.Units.Retiring > 0 {
+		parts = append(parts, fmt.Sprintf("%d retiring", st.Units.Retiring))
+	}
+	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindPods {
+		parts = append(parts, fmt.Sprintf("pods %d/%d", r.PodsDone, r.PodsTotal))
+	}
+	if st.Phase == topologyv1.PhasePaused {
+		parts = append(parts, "paused")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// deletingStatus is the status while the finalizer waits or fails.
+func deletingStatus(t *topologyv1.ShardTopology, waiting string, err error, now time.Time) topologyv1.ShardTopologyStatus {
+	st := *t.Status.DeepCopy()
+	set := conditionSetter(&st, t.Generation, now)
+	st.Phase = topologyv1.PhaseDeleting
+	reason := topologyv1.ReasonDeleting
+	msg := "deleting: " + waiting
+	if err != nil {
+		reason, msg = topologyv1.ReasonReconcileError, "deleting, retrying: "+err.Error()
+	}
+	set(topologyv1.ConditionReady, metav1.ConditionFalse, reason, msg)
+	set(topologyv1.ConditionReconciling, metav1.ConditionTrue, reason, msg)
+	st.Progress = "deleting: " + waiting
+	return st
+}
+
+func setPaused(set setFunc, paused, held bool, messages ...string) {
+	switch {
+	case paused && held:
+		set(topologyv1.ConditionRolloutPaused, metav1.ConditionTrue, topologyv1.ReasonPaused, joinNonEmpty(messages...))
+	case paused:
+		set(topologyv1.ConditionRolloutPaused, metav1.ConditionTrue, topologyv1.ReasonPaused,
+			fmt.Sprintf("spec.rollout.paused or annotation %s holds the rollout before its next step; nothing is waiting now", topologyv1.PausedAnnotation))
+	default:
+		set(topologyv1.ConditionRolloutPaused, metav1.ConditionFalse, topologyv1.ReasonNotPaused, "nothing holds the rollout")
+	}
+}
+
+func joinNonEmpty(parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // setFunc sets one condition on a status being built.
@@ -90,11 +348,19 @@ func conditionSetter(st *topologyv1.ShardTopologyStatus, generation int64, now t
 			Type:               condType,
 			Status:             status,
 			Reason:             reason,
-			Message:            message,
+			Message:            truncate(message, 1024),
 			ObservedGeneration: generation,
 			LastTransitionTime: metav1.NewTime(now),
 		})
 	}
+}
+
+// truncate keeps messages readable (the API allows 32768 bytes).
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
 }
 
 // statusEqual reports whether writing b over a would change nothing.
@@ -125,12 +391,12 @@ func conditionTransitions(before, after []metav1.Condition) []transition {
 		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
 			continue
 		}
-		eventType := "Normal"
+		eventType := eventNormal
 		if bad, ok := warnWhen[c.Type]; ok && bad == c.Status {
-			eventType = "Warning"
+			eventType = eventWarning
 		}
 		if c.Reason == topologyv1.ReasonReconcileError {
-			eventType = "Warning"
+			eventType = eventWarning
 		}
 		out = append(out, transition{
 			eventType: eventType,
@@ -141,3 +407,9 @@ func conditionTransitions(before, after []metav1.Condition) []transition {
 	}
 	return out
 }
+
+// Event types.
+const (
+	eventNormal  = "Normal"
+	eventWarning = "Warning"
+)

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -29,6 +30,79 @@ func (s *ShardTopologySpec) Units() int { return int(s.Partitions) * int(s.Shard
 // rollout.
 func (t *ShardTopology) IsPaused() bool {
 	return t.Spec.Rollout.Paused || strings.EqualFold(t.Annotations[PausedAnnotation], "true")
+}
+
+// IsAbortRequested reports whether the abort annotation is set to "true".
+func (t *ShardTopology) IsAbortRequested() bool {
+	return strings.EqualFold(t.Annotations[AbortAnnotation], "true")
+}
+
+// OrphansOnDeletion reports whether the deletion-policy annotation asks to
+// keep everything when the object is deleted.
+func (t *ShardTopology) OrphansOnDeletion() bool {
+	return strings.EqualFold(t.Annotations[DeletionPolicyAnnotation], DeletionPolicyOrphan)
+}
+
+// RegistryKey is the topology's key in the ownership registry and the
+// worker's --topology: "namespace/name".
+func (t *ShardTopology) RegistryKey() string { return t.Namespace + "/" + t.Name }
+
+// Shape is the spec's N x V.
+func (s *ShardTopologySpec) Shape() TopologyShape {
+	return TopologyShape{Partitions: s.Partitions, ShardsPerPartition: s.ShardsPerPartition}
+}
+
+// ReplicasOrDefault is spec.nats.replicas, or its default when unset.
+func (n *NATSSpec) ReplicasOrDefault() int {
+	if n.Replicas == 0 {
+		return DefaultReplicas
+	}
+	return int(n.Replicas)
+}
+
+// SubjectPrefixOrDefault is spec.nats.subjectPrefix, or its default.
+func (n *NATSSpec) SubjectPrefixOrDefault() string {
+	if n.SubjectPrefix == "" {
+		return DefaultSubjectPrefix
+	}
+	return n.SubjectPrefix
+}
+
+// ConsumerNameOrDefault is spec.nats.consumerName, or its default.
+func (n *NATSSpec) ConsumerNameOrDefault() string {
+	if n.ConsumerName == "" {
+		return DefaultConsumerName
+	}
+	return n.ConsumerName
+}
+
+// VersionFloorOrDefault is spec.nats.versionFloor, or its default.
+func (n *NATSSpec) VersionFloorOrDefault() string {
+	if n.VersionFloor == "" {
+		return DefaultVersionFloor
+	}
+	return n.VersionFloor
+}
+
+// MaxPodsAtOnceOrDefault is spec.rollout.maxPodsAtOnce, or its default.
+func (r *RolloutSpec) MaxPodsAtOnceOrDefault() int {
+	if r.MaxPodsAtOnce < 1 {
+		return DefaultMaxPodsAtOnce
+	}
+	return int(r.MaxPodsAtOnce)
+}
+
+// Units is N x V.
+func (s TopologyShape) Units() int { return int(s.Partitions) * int(s.ShardsPerPartition) }
+
+// String renders the shape as "NxV".
+func (s TopologyShape) String() string {
+	return fmt.Sprintf("%dx%d", s.Partitions, s.ShardsPerPartition)
+}
+
+// Shape is the epoch's N x V.
+func (e *TopologyEpoch) Shape() TopologyShape {
+	return TopologyShape{Partitions: e.Partitions, ShardsPerPartition: e.ShardsPerPartition}
 }
 
 // PinnedTTLOrDefault is spec.nats.pinnedTTL, or its default when unset.

@@ -43,19 +43,115 @@ const (
 	ReasonSecretKeyMissing = "SecretKeyMissing"
 	// ReasonWorkloadNotFound means spec.workload names no StatefulSet.
 	ReasonWorkloadNotFound = "WorkloadNotFound"
-	// ReasonNotImplemented means the spec is valid but this operator build
-	// does not yet perform the work that would make the topology Ready.
-	ReasonNotImplemented = "NotImplemented"
+	// ReasonWorkloadUpdateStrategy means the workload StatefulSet does not
+	// use the OnDelete update strategy, so the operator cannot roll its pods
+	// one at a time.
+	ReasonWorkloadUpdateStrategy = "WorkloadUpdateStrategy"
+	// ReasonReady means the active epoch equals the spec, nothing is
+	// pending or rolling, and every unit is owned.
+	ReasonReady = "Ready"
+	// ReasonProvisioning means the first topology epoch is being
+	// provisioned and activated.
+	ReasonProvisioning = "Provisioning"
+	// ReasonRollingOut means a topology change or a pod-by-pod roll is in
+	// progress; the message says which step.
+	ReasonRollingOut = "RollingOut"
+	// ReasonWaitingForWorkers means the topology is in place but some units
+	// of the active epoch have no owner.
+	ReasonWaitingForWorkers = "WaitingForWorkers"
+	// ReasonRolloutAborted means the abort annotation holds the spec's
+	// topology change back; the active epoch stays.
+	ReasonRolloutAborted = "RolloutAborted"
+	// ReasonHandoverTimeout means a pod did not hand its units over within
+	// spec.rollout.drainTimeout plus the lease; the roll waits for it.
+	ReasonHandoverTimeout = "HandoverTimeout"
+	// ReasonDeleting means the finalizer is cleaning up.
+	ReasonDeleting = "Deleting"
 	// ReasonPaused means the rollout is held by spec or annotation.
 	ReasonPaused = "Paused"
 	// ReasonNotPaused means nothing holds the rollout.
 	ReasonNotPaused = "NotPaused"
 	// ReasonCensusPending means no census has been taken yet.
 	ReasonCensusPending = "CensusPending"
+	// ReasonFloorMet means the latest census saw every server that matters
+	// at or above the version floor.
+	ReasonFloorMet = "FloorMet"
+	// ReasonBelowFloor means the latest census saw a server that matters
+	// below the floor, or could not see it (fail closed).
+	ReasonBelowFloor = "BelowFloor"
+	// ReasonNoSystemCredentials means spec.nats.systemCredentialsSecretRef
+	// is not set, so no census can be taken and RESET is never allowed.
+	ReasonNoSystemCredentials = "NoSystemCredentials"
+	// ReasonCensusFailed means the census could not be taken; RESET is not
+	// allowed until one succeeds.
+	ReasonCensusFailed = "CensusFailed"
 	// ReasonReconcileError means a step failed with an error that a retry
 	// may fix; the message carries the error.
 	ReasonReconcileError = "ReconcileError"
 )
+
+// Rollout kinds reported in status.rollout.kind.
+const (
+	// RolloutKindTopology is a change of N or V: a new topology epoch.
+	RolloutKindTopology = "Topology"
+	// RolloutKindPods is a pod-by-pod roll of the workload StatefulSet.
+	RolloutKindPods = "Pods"
+)
+
+// Steps of a topology change, in order, as reported in status.rollout.step.
+const (
+	// StepProvision creates the target's streams and unit consumers.
+	StepProvision = "Provision"
+	// StepFreeze writes the target epoch as pending and waits until every
+	// live member acknowledged it (stopped taking claims).
+	StepFreeze = "Freeze"
+	// StepActivate makes the pending epoch the active one.
+	StepActivate = "Activate"
+	// StepClaim waits until every unit of the new epoch is owned.
+	StepClaim = "Claim"
+	// StepRetire deletes the consumers of units that left, once drained.
+	StepRetire = "Retire"
+	// StepAbort retires a pending epoch and keeps the active one.
+	StepAbort = "Abort"
+)
+
+// TopologySteps lists the steps of a topology change in order.
+var TopologySteps = []string{StepProvision, StepFreeze, StepActivate, StepClaim, StepRetire}
+
+// Steps of one pod in a pod-by-pod roll, as reported in
+// status.rollout.pods[].step.
+const (
+	// PodStepWaiting: the pod runs the old revision and waits its turn.
+	PodStepWaiting = "Waiting"
+	// PodStepHandingOver: the pod was asked to hand its units over; the
+	// operator waits until the registry shows it holds nothing.
+	PodStepHandingOver = "HandingOver"
+	// PodStepDeleting: the pod holds nothing and is being deleted.
+	PodStepDeleting = "Deleting"
+	// PodStepRejoining: the replacement must be Ready, join the registry
+	// and claim its placement.
+	PodStepRejoining = "Rejoining"
+	// PodStepDone: the pod runs the update revision and took its place.
+	PodStepDone = "Done"
+)
+
+// Finalizer is set on every ShardTopology so the operator can retire what
+// it provisioned, when that is safe, before the object goes away.
+const Finalizer = "topology.shardkeeper.dev/finalizer"
+
+// AbortAnnotation, set to "true", retires a pending topology epoch and keeps
+// the active one; while it is set no new epoch is started. Remove it (or set
+// the spec back to the active N and V) to go on.
+const AbortAnnotation = "topology.shardkeeper.dev/abort"
+
+// DeletionPolicyAnnotation set to DeletionPolicyOrphan makes the finalizer
+// keep everything (streams, consumers, registry rows) and let the object go
+// at once: the way out when the registry or NATS is gone for good.
+const DeletionPolicyAnnotation = "topology.shardkeeper.dev/deletion-policy"
+
+// DeletionPolicyOrphan is the value of DeletionPolicyAnnotation that keeps
+// everything on deletion.
+const DeletionPolicyOrphan = "Orphan"
 
 // PausedAnnotation pauses a rollout between steps when set to "true", like
 // spec.rollout.paused but without a spec change (useful under GitOps).
@@ -148,15 +244,19 @@ type NATSSpec struct {
 	URLs []string `json:"urls"`
 
 	// CredentialsSecretRef names the Secret key holding the NATS credentials
-	// (a .creds file) of the account that owns the streams. Omit it for a
-	// server without authentication.
+	// of the account that owns the streams. The value is one of: the
+	// contents of a NATS .creds file (a user JWT and nkey seed, recognised
+	// by "-----BEGIN NATS USER JWT-----"); "user:password" (split at the
+	// first colon); or a bare token. Omit it for a server without
+	// authentication.
 	// +optional
 	CredentialsSecretRef *SecretKeyRef `json:"credentialsSecretRef,omitempty"`
 
 	// SystemCredentialsSecretRef names the Secret key holding credentials of
-	// a system-account user. The census needs them to ask every server for
-	// its version; without them no server can be seen, the census fails
-	// closed, and RESET-based takeover is never allowed.
+	// a system-account user, in the same forms as credentialsSecretRef (a
+	// .creds file, "user:password" or a token). The census needs them to ask
+	// every server for its version; without them no server can be seen, the
+	// census fails closed, and RESET-based takeover is never allowed.
 	// +optional
 	SystemCredentialsSecretRef *SecretKeyRef `json:"systemCredentialsSecretRef,omitempty"`
 
@@ -344,6 +444,40 @@ type UnitCounts struct {
 	// MultiplyOwned units have more than one valid claim. Anything but 0 is
 	// a broken promise and a bug.
 	MultiplyOwned int32 `json:"multiplyOwned"`
+	// Retiring counts units that left the topology whose consumers still
+	// exist: they are deleted once drained, never before.
+	// +optional
+	Retiring int32 `json:"retiring,omitempty"`
+}
+
+// TopologyShape is an N x V without an epoch number.
+type TopologyShape struct {
+	// Partitions is N.
+	Partitions int32 `json:"partitions"`
+	// ShardsPerPartition is V.
+	ShardsPerPartition int32 `json:"shardsPerPartition"`
+}
+
+// PodRollStatus is one pod of a pod-by-pod roll.
+type PodRollStatus struct {
+	// Name of the pod (and of its registry member).
+	Name string `json:"name"`
+	// Step is Waiting, HandingOver, Deleting, Rejoining or Done.
+	Step string `json:"step"`
+	// UID of the pod being replaced, while it is in flight. A pod of
+	// that name with another UID is its replacement.
+	// +optional
+	UID string `json:"uid,omitempty"`
+	// Incarnation is the member's registry incarnation when it was asked
+	// to hand over; its replacement must join with a later one.
+	// +optional
+	Incarnation int64 `json:"incarnation,omitempty"`
+	// Holds is how many units the member held at the last look.
+	// +optional
+	Holds int32 `json:"holds,omitempty"`
+	// Since is when the pod entered its step.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
 }
 
 // CensusStatus is the operator's latest reading of NATS server versions.
@@ -369,6 +503,10 @@ type RolloutStatus struct {
 	// Kind is what is rolling: a Topology change or a Pods roll.
 	// +optional
 	Kind string `json:"kind,omitempty"`
+	// FromEpoch is the epoch that was active when a topology change
+	// started; absent for the first epoch and for pod rolls.
+	// +optional
+	FromEpoch *TopologyEpoch `json:"fromEpoch,omitempty"`
 	// Step is the step in progress, e.g. Freeze, Activate, Retire.
 	// +optional
 	Step string `json:"step,omitempty"`
@@ -383,6 +521,15 @@ type RolloutStatus struct {
 	// StartedAt is when the rollout began.
 	// +optional
 	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// Message says what the step waits for, in words.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Pods lists every pod of a pod-by-pod roll in the order it is rolled
+	// (highest ordinal first) with its step. An operator restart resumes
+	// from the pods in flight here, checked against the cluster.
+	// +optional
+	// +listType=atomic
+	Pods []PodRollStatus `json:"pods,omitempty"`
 }
 
 // ShardTopologyStatus is what the operator observed, as of
@@ -397,8 +544,9 @@ type ShardTopologyStatus struct {
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
 
-	// Progress is a short human-readable account of the rollout, e.g.
-	// "pods 1/3, units 12/64".
+	// Progress is a short human-readable account of where the topology
+	// stands, e.g. "epoch 2 (4x16): units 64/64 owned; pods 2/3". It is the
+	// Progress column of kubectl get.
 	// +optional
 	Progress string `json:"progress,omitempty"`
 
@@ -413,6 +561,13 @@ type ShardTopologyStatus struct {
 	// Units counts the active epoch's units by ownership.
 	// +optional
 	Units *UnitCounts `json:"units,omitempty"`
+
+	// Provisioned is the smallest N x V covering every unit consumer the
+	// operator created and has not retired yet. Units inside it but outside
+	// the active epoch are retired once drained; the finalizer retires
+	// what it covers.
+	// +optional
+	Provisioned *TopologyShape `json:"provisioned,omitempty"`
 
 	// Census is the latest reading of NATS server versions.
 	// +optional

@@ -29,6 +29,7 @@ type command struct {
 var commands = map[string]command{
 	"plan":   {summary: "show what a change of N or V would do, without doing it", run: runPlan},
 	"census": {summary: "check every NATS server's version against the floor (exit 1 if not met)", run: runCensus},
+	"status": {summary: "show a ShardTopology's phase, epochs, census and rollout step by step", run: runStatus},
 }
 
 // errUsage marks errors in how the command was called; it exits 2.

@@ -119,7 +119,7 @@ func firstMissing(published map[string]ownership.Unit, sink map[string]SinkRow) 
 type Monitor struct {
 	targets func() map[string]string
 	stop    chan struct{}
-	done chan struct{}
+	done    chan struct{}
 
 	mu     sync.Mutex
 	result MonitorResult

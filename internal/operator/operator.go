@@ -8,6 +8,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -37,6 +38,12 @@ type Options struct {
 	// Cache restricts what the manager watches (tests limit it to one
 	// namespace); the zero value watches everything.
 	Cache cache.Options
+	// CensusInterval is how often each topology's census runs at least;
+	// 0 means controllers.DefaultCensusInterval.
+	CensusInterval time.Duration
+	// SkipControllerNameValidation lets tests run several managers in one
+	// process.
+	SkipControllerNameValidation bool
 }
 
 // NewScheme returns a scheme with every type the operator reads or writes.
@@ -73,12 +80,24 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
+	conns := &controllers.Connections{}
 	r := &controllers.ShardTopologyReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder(controllers.ControllerName),
+		Client:         mgr.GetClient(),
+		APIReader:      mgr.GetAPIReader(),
+		Recorder:       mgr.GetEventRecorder(controllers.ControllerName),
+		Conns:          conns,
+		CensusInterval: o.CensusInterval,
 	}
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
+	if err := r.SetupWithManager(ctx, mgr, controllers.SetupOptions{SkipNameValidation: o.SkipControllerNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up %s controller: %w", controllers.ControllerName, err)
+	}
+	// Close the registry pools and NATS connections when the manager stops.
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		conns.CloseAll()
+		return nil
+	})); err != nil {
+		return nil, fmt.Errorf("add connection closer: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("add health check: %w", err)

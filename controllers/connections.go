@@ -1,0 +1,401 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// Connections caches, per ShardTopology, the registry pool and the two NATS
+// connections (the stream account's and the system account's), so that
+// reconciles reuse them instead of reconnecting. Each is keyed by a hash of
+// what it was opened from (the Secret contents and URLs): when a Secret
+// changes, the next reconcile closes the old connection and opens a new
+// one. Secret contents are hashed, never stored or logged.
+//
+// The zero value is ready to use. It is safe for concurrent use.
+type Connections struct {
+	mu      sync.Mutex
+	entries map[types.NamespacedName]*topologyConns
+}
+
+// topologyConns are one topology's connections and what the operator
+// remembers between its reconciles. Nothing here is needed for
+// correctness after a restart: it only saves work (provisioning, census)
+// that the reconciler would otherwise redo.
+type topologyConns struct {
+	mu sync.Mutex
+
+	regKey string
+	reg    *poolctl.PG
+	// ensured is the lease parameters last written with EnsureTopology.
+	ensured *poolctl.Params
+
+	natsKey string
+	nc      *nats.Conn
+	sysKey  string
+	sys     *nats.Conn
+
+	// provisioned is the shape this process last provisioned, and when.
+	provisionedShape string
+	provisionedAt    time.Time
+	// censusDue forces a census at the next reconcile (after an epoch
+	// activation, so the RESET verdict covers the new units' consumers).
+	censusDue bool
+	// announced are units whose retirement an Event already reported;
+	// RetireConsumers counts a consumer already gone as retired again.
+	announced map[string]bool
+}
+
+// NATSConfig is what a NATS connection is opened from.
+type NATSConfig struct {
+	// Name is the client name servers show for the connection.
+	Name string
+	// URLs are the servers to connect to.
+	URLs []string
+	// Credentials are the contents of a credentials Secret key: a .creds
+	// file, "user:password" or a token. Empty means no authentication.
+	Credentials []byte
+	// TLS holds ca.crt, tls.crt and tls.key from the TLS Secret, if any.
+	TLS map[string][]byte
+}
+
+// key hashes the configuration; secret contents never leave this function.
+func (c NATSConfig) key() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q\n%q\n", c.Name, strings.Join(c.URLs, ","))
+	h.Write(c.Credentials)
+	for _, k := range []string{"ca.crt", "tls.crt", "tls.key"} {
+		fmt.Fprintf(h, "\n%s:%d:", k, len(c.TLS[k]))
+		h.Write(c.TLS[k])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func hashString(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func (c *Connections) entry(key types.NamespacedName) *topologyConns {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries == nil {
+		c.entries = map[types.NamespacedName]*topologyConns{}
+	}
+	e := c.entries[key]
+	if e == nil {
+		e = &topologyConns{}
+		c.entries[key] = e
+	}
+	return e
+}
+
+// lookup returns the topology's entry without creating one.
+func (c *Connections) lookup(key types.NamespacedName) *topologyConns {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.entries[key]
+}
+
+// Registry returns the topology's registry, opening (and migrating) it when
+// none is cached for this DSN.
+func (c *Connections) Registry(ctx context.Context, key types.NamespacedName, dsn string) (*poolctl.PG, error) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := hashString(dsn)
+	if e.reg != nil && e.regKey == h {
+		return e.reg, nil
+	}
+	if e.reg != nil {
+		e.reg.Close()
+		e.reg, e.regKey, e.ensured = nil, "", nil
+	}
+	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: dsn, MaxConns: 4})
+	if err != nil {
+		// pgx redacts passwords from its errors; the DSN is taken out
+		// whole as well, whatever its form, since status shows errors.
+		if dsn != "" && strings.Contains(err.Error(), dsn) {
+			return nil, errors.New(strings.ReplaceAll(err.Error(), dsn, "<dsn>"))
+		}
+		return nil, err
+	}
+	e.reg, e.regKey = reg, h
+	return reg, nil
+}
+
+// CachedRegistry returns the topology's registry if one is open, whatever
+// its Secret now says; the finalizer uses it when the Secret is gone.
+func (c *Connections) CachedRegistry(key types.NamespacedName) *poolctl.PG {
+	e := c.lookup(key)
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reg
+}
+
+// EnsureTopology writes the lease parameters when they differ from what
+// this process last wrote.
+func (c *Connections) EnsureTopology(ctx context.Context, key types.NamespacedName, reg poolctl.Registry, topology string, p poolctl.Params) error {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ensured != nil && *e.ensured == p {
+		return nil
+	}
+	if err := reg.EnsureTopology(ctx, topology, p); err != nil {
+		return err
+	}
+	e.ensured = &p
+	return nil
+}
+
+// NATS returns the topology's connection to the stream account.
+func (c *Connections) NATS(key types.NamespacedName, cfg NATSConfig) (*nats.Conn, error) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return connectCached(&e.nc, &e.natsKey, cfg)
+}
+
+// SystemNATS returns the topology's system-account connection (census).
+func (c *Connections) SystemNATS(key types.NamespacedName, cfg NATSConfig) (*nats.Conn, error) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return connectCached(&e.sys, &e.sysKey, cfg)
+}
+
+// CachedNATS returns the topology's stream-account connection if one is
+// open; the finalizer uses it when the Secret is gone.
+func (c *Connections) CachedNATS(key types.NamespacedName) *nats.Conn {
+	e := c.lookup(key)
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.nc == nil || e.nc.IsClosed() {
+		return nil
+	}
+	return e.nc
+}
+
+func connectCached(conn **nats.Conn, cachedKey *string, cfg NATSConfig) (*nats.Conn, error) {
+	k := cfg.key()
+	if *conn != nil && *cachedKey == k && !(*conn).IsClosed() {
+		return *conn, nil
+	}
+	if *conn != nil {
+		(*conn).Close()
+		*conn, *cachedKey = nil, ""
+	}
+	nc, err := connectNATS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	*conn, *cachedKey = nc, k
+	return nc, nil
+}
+
+// connectNATS opens a connection that reconnects on its own for as long as
+// it is cached.
+func connectNATS(cfg NATSConfig) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.Timeout(5 * time.Second),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+	}
+	auth, err := credentialOption(cfg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	if auth != nil {
+		opts = append(opts, auth)
+	}
+	if len(cfg.TLS) > 0 {
+		tc, err := tlsConfig(cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
+	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", strings.Join(cfg.URLs, ","), err)
+	}
+	return nc, nil
+}
+
+// ErrBadCredentials means a credentials Secret value could not be used.
+// Its messages never quote the value.
+var ErrBadCredentials = errors.New("bad NATS credentials")
+
+// credentialOption turns a credentials Secret value into a connect option:
+// a .creds file (user JWT and nkey seed), "user:password" (split at the
+// first colon), or a bare token. Empty means no authentication (nil).
+func credentialOption(content []byte) (nats.Option, error) {
+	s := strings.TrimSpace(string(content))
+	switch {
+	case s == "":
+		return nil, nil
+	case strings.Contains(s, "-----BEGIN NATS USER JWT-----"):
+		userJWT, err := jwt.ParseDecoratedJWT(content)
+		if err != nil {
+			return nil, fmt.Errorf("%w: .creds file: user JWT: %v", ErrBadCredentials, redactedErr(err))
+		}
+		kp, err := nkeys.ParseDecoratedNKey(content)
+		if err != nil {
+			return nil, fmt.Errorf("%w: .creds file: nkey seed: %v", ErrBadCredentials, redactedErr(err))
+		}
+		seed, err := kp.Seed()
+		if err != nil {
+			return nil, fmt.Errorf("%w: .creds file holds no user seed", ErrBadCredentials)
+		}
+		return nats.UserJWTAndSeed(userJWT, string(seed)), nil
+	}
+	if user, pass, ok := strings.Cut(s, ":"); ok {
+		return nats.UserInfo(user, pass), nil
+	}
+	return nats.Token(s), nil
+}
+
+// redactedErr keeps an error's kind but not its text, which for key
+// parsing could echo key material.
+func redactedErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return fmt.Sprintf("%T", err)
+}
+
+func tlsConfig(files map[string][]byte) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca := files["ca.crt"]; len(ca) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(ca) {
+			return nil, fmt.Errorf("%w: ca.crt holds no PEM certificate", ErrBadCredentials)
+		}
+		tc.RootCAs = pool
+	}
+	crt, key := files["tls.crt"], files["tls.key"]
+	if len(crt) > 0 || len(key) > 0 {
+		cert, err := tls.X509KeyPair(crt, key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tls.crt/tls.key: %v", ErrBadCredentials, redactedErr(err))
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// provisionedRecently reports whether this process provisioned shape for
+// the topology within maxAge.
+func (c *Connections) provisionedRecently(key types.NamespacedName, shape string, now time.Time, maxAge time.Duration) bool {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.provisionedShape == shape && now.Sub(e.provisionedAt) < maxAge
+}
+
+func (c *Connections) markProvisioned(key types.NamespacedName, shape string, now time.Time) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.provisionedShape, e.provisionedAt = shape, now
+}
+
+// forgetProvisioned makes the next reconcile provision again.
+func (c *Connections) forgetProvisioned(key types.NamespacedName) {
+	c.markProvisioned(key, "", time.Time{})
+}
+
+// setCensusDue asks for a census at the next reconcile.
+func (c *Connections) setCensusDue(key types.NamespacedName, due bool) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.censusDue = due
+}
+
+func (c *Connections) censusDue(key types.NamespacedName) bool {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.censusDue
+}
+
+// newlyRetired returns the units not announced as retired under the
+// active epoch before, and remembers them.
+func (c *Connections) newlyRetired(key types.NamespacedName, epoch int64, units []string) []string {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.announced == nil {
+		e.announced = map[string]bool{}
+	}
+	var out []string
+	for _, u := range units {
+		k := fmt.Sprintf("%d/%s", epoch, u)
+		if !e.announced[k] {
+			e.announced[k] = true
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// Close closes and forgets the topology's connections.
+func (c *Connections) Close(key types.NamespacedName) {
+	c.mu.Lock()
+	e := c.entries[key]
+	delete(c.entries, key)
+	c.mu.Unlock()
+	if e != nil {
+		e.close()
+	}
+}
+
+// CloseAll closes every cached connection (at operator shutdown).
+func (c *Connections) CloseAll() {
+	c.mu.Lock()
+	entries := c.entries
+	c.entries = nil
+	c.mu.Unlock()
+	for _, e := range entries {
+		e.close()
+	}
+}
+
+func (e *topologyConns) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.reg != nil {
+		e.reg.Close()
+		e.reg = nil
+	}
+	for _, nc := range []*nats.Conn{e.nc, e.sys} {
+		if nc != nil {
+			nc.Close()
+		}
+	}
+	e.nc, e.sys = nil, nil
+}

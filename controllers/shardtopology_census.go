@@ -1,0 +1,216 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// The census (design.md section 6, promise P4) reads every NATS server's
+// version through the system account. The operator takes one at least
+// every CensusInterval, after every epoch activation and spec change, and
+// publishes its verdict in the registry right after each one: workers RESET
+// a consumer on takeover only under a verdict that allows it and is younger
+// than their own bound. Without system credentials, or when the census
+// fails, the verdict refuses RESET (fail closed); takeover then waits for
+// ack_wait. A floor not met does not stall the topology: it only turns
+// RESET off.
+
+// DefaultCensusInterval is how often the census runs when nothing else
+// asks for one.
+const DefaultCensusInterval = 30 * time.Second
+
+// censusTimeout bounds a whole census (each server has
+// natsops.DefaultCensusTimeout to answer).
+const censusTimeout = 10 * time.Second
+
+// censusReport is one census and the verdict published from it.
+type censusReport struct {
+	// noSystemCredentials: spec.nats.systemCredentialsSecretRef is unset.
+	noSystemCredentials bool
+	// failed says why no census could be taken.
+	failed string
+	census *natsops.Census
+	// allowed and reason are the verdict published for the workers;
+	// blockedBy is its metric label ("" when allowed).
+	allowed   bool
+	reason    string
+	blockedBy string
+}
+
+// censusDue reports whether a census should run now, and if not, when.
+func (r *ShardTopologyReconciler) censusDue(s *scope) (bool, time.Duration) {
+	st := s.topo.Status
+	interval := r.censusInterval()
+	switch {
+	case r.conns().censusDue(s.key), s.census != nil:
+		return true, 0
+	case st.Census == nil || st.Census.ObservedAt == nil:
+		return true, 0
+	case st.ObservedGeneration != s.topo.Generation:
+		return true, 0 // the floor or the NATS servers may have changed
+	}
+	age := s.now.Sub(st.Census.ObservedAt.Time)
+	if age >= interval || age < 0 {
+		return true, 0
+	}
+	return false, interval - age
+}
+
+// takeCensus runs the census when due and publishes the RESET verdict.
+func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	due, wait := r.censusDue(s)
+	if !due {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	rep := s.census
+	switch {
+	case rep != nil:
+		// Connect could not open the system connection: fail closed.
+	case s.topo.Spec.NATS.SystemCredentialsSecretRef == nil:
+		rep = &censusReport{noSystemCredentials: true}
+	default:
+		rep = r.census(ctx, s)
+	}
+	rep.judge(s)
+	takenAt := s.now
+	if rep.census != nil {
+		takenAt = rep.census.TakenAt
+	}
+	perm := poolctl.ResetPermission{Allowed: rep.allowed, CensusAge: max(0, time.Since(takenAt)), Reason: rep.reason}
+	if err := s.reg.PublishResetPermission(ctx, s.registryKey(), perm); err != nil {
+		return ctrl.Result{}, fmt.Errorf("publish RESET permission: %w", err)
+	}
+	r.conns().setCensusDue(s.key, false)
+	recordResetVerdict(s.key, rep.blockedBy)
+	s.census = rep
+	if rep.census != nil && !rep.census.FloorMet() && !belowFloorBefore(s) {
+		r.event(s, eventWarning, "CensusBelowFloor", "Census",
+			"servers below the version floor %s: %s; RESET-based takeover is off, takeover waits for ack_wait (%s)",
+			rep.census.Floor, serversWithVersions(rep.census, 6), s.topo.Spec.NATS.AckWaitOrDefault())
+	}
+	return ctrl.Result{RequeueAfter: r.censusInterval()}, nil
+}
+
+// census takes one census of the servers hosting the unit consumers of the
+// active and pending epochs (or the spec's, before any epoch exists).
+func (r *ShardTopologyReconciler) census(ctx context.Context, s *scope) *censusReport {
+	if s.sys == nil {
+		return &censusReport{failed: "no system account connection"}
+	}
+	cctx, cancel := context.WithTimeout(ctx, censusTimeout)
+	defer cancel()
+	c, err := natsops.TakeCensus(cctx, s.sys, natsops.CensusOptions{
+		Floor:     s.topo.Spec.NATS.VersionFloorOrDefault(),
+		Consumers: s.censusConsumers(),
+	})
+	if err != nil {
+		msg := err.Error()
+		if errors.Is(err, natsops.ErrNoReplies) {
+			msg += "; spec.nats.systemCredentialsSecretRef must name a system-account user"
+		}
+		log.FromContext(ctx).Info("Census failed; RESET refused", "error", msg)
+		return &censusReport{failed: msg}
+	}
+	return &censusReport{census: c}
+}
+
+// censusConsumers are the unit consumers a RESET could be asked for.
+func (s *scope) censusConsumers() []natsops.ConsumerRef {
+	seen := map[natsops.ConsumerRef]bool{}
+	var refs []natsops.ConsumerRef
+	add := func(l natsops.Layout) {
+		for _, ref := range l.Consumers() {
+			if !seen[ref] {
+				seen[ref] = true
+				refs = append(refs, ref)
+			}
+		}
+	}
+	switch {
+	case s.snap == nil || (s.snap.Active == nil && s.snap.Pending == nil):
+		add(layoutFor(&s.topo.Spec, s.target()))
+	default:
+		for _, e := range []*poolctl.Epoch{s.snap.Active, s.snap.Pending} {
+			if e != nil {
+				add(layoutFor(&s.topo.Spec, epochTopology(e)))
+			}
+		}
+	}
+	return refs
+}
+
+// judge sets the verdict: RESET is allowed only when the census met the
+// floor and allows RESET of every inspected consumer.
+func (rep *censusReport) judge(s *scope) {
+	switch {
+	case rep.noSystemCredentials:
+		rep.allowed, rep.reason, rep.blockedBy = false, "no system credentials", resetBlockedNoSystemCredentials
+		return
+	case rep.failed != "":
+		rep.allowed, rep.reason, rep.blockedBy = false, "census failed: "+rep.failed, resetBlockedCensusFailed
+		return
+	case !rep.census.FloorMet():
+		rep.allowed, rep.blockedBy = false, resetBlockedBelowFloor
+		rep.reason = fmt.Sprintf("below floor %s: %s", rep.census.Floor, serversWithVersions(rep.census, 4))
+		return
+	}
+	for _, p := range rep.census.Consumers {
+		if err := rep.census.Allow(natsops.OpReset, p.ConsumerRef, time.Hour, rep.census.TakenAt); err != nil {
+			rep.allowed, rep.reason, rep.blockedBy = false, err.Error(), resetBlockedConsumerNotCovered
+			return
+		}
+	}
+	rep.allowed, rep.blockedBy = true, ""
+	rep.reason = fmt.Sprintf("%d servers at or above %s", countedServers(rep.census), rep.census.Floor)
+}
+
+// belowFloorBefore reports whether status already said the floor is not
+// met, so CensusBelowFloor is an event per transition, not per census.
+func belowFloorBefore(s *scope) bool {
+	c := s.topo.Status.Census
+	return c != nil && len(c.BelowFloor) > 0
+}
+
+// serversWithVersions names up to n servers below the floor with their
+// versions.
+func serversWithVersions(c *natsops.Census, n int) string {
+	var out []string
+	for _, name := range c.BelowFloor {
+		if s, ok := c.Server(name); ok {
+			out = append(out, fmt.Sprintf("%s (%s)", name, s.Version))
+		} else {
+			out = append(out, name)
+		}
+	}
+	if len(out) == 0 && c.MinVersion == natsops.UnknownVersion {
+		return "a server whose version is unknown"
+	}
+	return firstN(out, n)
+}
+
+func countedServers(c *natsops.Census) int {
+	n := 0
+	for _, s := range c.Servers {
+		if s.Counted {
+			n++
+		}
+	}
+	return n
+}
+
+// censusFindings summarises what the census could not see.
+func censusFindings(c *natsops.Census) string {
+	if len(c.Findings) == 0 {
+		return ""
+	}
+	return strings.Join(c.Findings[:min(2, len(c.Findings))], "; ")
+}

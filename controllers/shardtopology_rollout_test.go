@@ -1,0 +1,96 @@
+package controllers
+
+import (
+	"testing"
+
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// TestEveryChangeStateEndsWithAnUnguardedRule keeps the table total: in
+// every state some row applies, whatever the guards say.
+func TestEveryChangeStateEndsWithAnUnguardedRule(t *testing.T) {
+	states := []changeState{stateUnprovisioned, stateChangeWanted, stateFreezing, stateStalePending, stateClaiming, stateRetiring, stateSteady}
+	for _, st := range states {
+		var last *changeRule
+		for i := range changeRules {
+			if changeRules[i].state == st {
+				last = &changeRules[i]
+			}
+		}
+		if last == nil || last.guard != "" {
+			t.Errorf("state %s has no unguarded last rule", st)
+		}
+	}
+}
+
+func TestDecideTopologyChange(t *testing.T) {
+	epoch := func(n int64, p, s int, state poolctl.EpochState, acked ...string) *poolctl.Epoch {
+		return &poolctl.Epoch{Number: n, Partitions: p, Shards: s, State: state, Acked: acked}
+	}
+	live := []poolctl.Member{{Name: "a", Live: true, Slot: 0}, {Name: "b", Live: true, Slot: 1}}
+	to := ownership.Topology{Partitions: 2, Shards: 8}
+	active := epoch(1, 2, 4, poolctl.EpochActive)
+	removed := []ownership.Unit{{Partition: 0, Shard: 7}}
+	tests := []struct {
+		name   string
+		w      changeWorld
+		state  changeState
+		action string
+	}{
+		{"nothing yet: provision and write the first epoch", changeWorld{target: to}, stateUnprovisioned, "StartEpoch"},
+		{"nothing yet, paused: hold", changeWorld{target: to, paused: true}, stateUnprovisioned, "Hold"},
+		{"nothing yet, abort: nothing to go back to", changeWorld{target: to, abort: true}, stateUnprovisioned, "HoldAborted"},
+		// checks P2: activation waits for every live member's ack.
+		{"pending, one member has not acknowledged: wait", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a"), live: live},
+			stateFreezing, "WaitForAcks"},
+		{"pending, every live member acknowledged: activate", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a", "b"), live: live},
+			stateFreezing, "Activate"},
+		{"pending and acknowledged but paused: hold before activating", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a", "b"), live: live, paused: true},
+			stateFreezing, "Hold"},
+		{"the first epoch pending with no member: activate", changeWorld{target: to, pending: epoch(1, 2, 8, poolctl.EpochPending)}, stateFreezing, "Activate"},
+		{"pending epoch the spec no longer wants: retire it", changeWorld{target: ownership.Topology{Partitions: 2, Shards: 4}, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending), live: live},
+			stateStalePending, "RetirePending"},
+		{"abort annotation while pending: retire it, even paused", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending), abort: true, paused: true},
+			stateStalePending, "RetirePending"},
+		{"spec differs from the active epoch: start a change", changeWorld{target: to, active: active, live: live}, stateChangeWanted, "StartEpoch"},
+		{"spec differs while a pod is in flight: wait for it", changeWorld{target: to, active: active, podsInFlight: []string{"w-2"}}, stateChangeWanted, "WaitForPods"},
+		{"spec differs and abort is set: hold the active epoch", changeWorld{target: to, active: active, abort: true}, stateChangeWanted, "HoldAborted"},
+		{"spec differs and paused: hold", changeWorld{target: to, active: active, paused: true}, stateChangeWanted, "Hold"},
+		{"new epoch active, units left to retire, not all owned: wait for claims", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive), retire: removed},
+			stateClaiming, "WaitForClaims"},
+		{"every unit owned and units left: retire them", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive), retire: removed, allOwned: true},
+			stateRetiring, "RetireUnits"},
+		{"retiring but paused: hold", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive), retire: removed, allOwned: true, paused: true},
+			stateRetiring, "Hold"},
+		{"after a change, units not all owned: the rollout waits for claims", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive), wasRolling: true},
+			stateClaiming, "WaitForClaims"},
+		{"steady: keep provisioned", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive), allOwned: true}, stateSteady, "KeepProvisioned"},
+		{"steady with no workers: nothing to roll", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive)}, stateSteady, "KeepProvisioned"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rule := decide(&tt.w)
+			if rule.state != tt.state || rule.action.name != tt.action {
+				t.Fatalf("decided %s/%s (guard %q), want %s/%s", rule.state, rule.action.name, rule.guard, tt.state, tt.action)
+			}
+		})
+	}
+}
+
+func TestUnitsToMoveCountsMovedAndAddedUnits(t *testing.T) {
+	live := []poolctl.Member{{Name: "a", Live: true, Slot: 0}, {Name: "b", Live: true, Slot: 1}}
+	from := ownership.Topology{Partitions: 1, Shards: 4}
+	claims := map[string]poolctl.ClaimInfo{}
+	for u, owner := range placementOwners(from, live, nil) {
+		claims[u] = poolctl.ClaimInfo{Unit: u, Owner: owner, State: poolctl.StateHeld}
+	}
+	w := &changeWorld{target: ownership.Topology{Partitions: 1, Shards: 8}, active: &poolctl.Epoch{Number: 1, Partitions: 1, Shards: 4}, live: live}
+	n := unitsToMove(w, claims)
+	if n < 4 || n > 8 {
+		t.Fatalf("units to move %d: want the 4 added units plus those that change owner", n)
+	}
+	if n := unitsToMove(&changeWorld{target: w.target}, nil); n != 8 {
+		t.Fatalf("first epoch moves %d units, want all 8", n)
+	}
+}

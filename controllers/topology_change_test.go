@@ -1,0 +1,429 @@
+package controllers_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+)
+
+func unitConsumers(n, v int) []string {
+	var out []string
+	for p := range n {
+		for s := range v {
+			out = append(out, fmt.Sprintf("ingest_%d_%d", p, s))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// The first reconcile of a valid spec provisions N x V consumers and
+// activates epoch 1; the topology is Ready once workers own every unit,
+// and status, metrics and the published RESET verdict say so.
+// checks P4, checks P7
+func TestFirstReconcileProvisionsAndActivatesEpochOne(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 2, shards: 4, servers: 3, replicas: 3})
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+
+	st := f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if a := o.Status.ActiveEpoch; a == nil || a.Number != 1 || a.Partitions != 2 || a.ShardsPerPartition != 4 {
+			return fmt.Errorf("active epoch %+v, want 1 (2x4)", a)
+		}
+		return nil
+	})
+	if got, want := f.consumers(2), unitConsumers(2, 4); !slices.Equal(got, want) {
+		t.Fatalf("consumers %v, want %v", got, want)
+	}
+	snap := f.snapshot()
+	if snap.Active == nil || snap.Active.Number != 1 || snap.Pending != nil {
+		t.Fatalf("registry epochs active %+v pending %+v", snap.Active, snap.Pending)
+	}
+	if !controllerutil.ContainsFinalizer(st, topologyv1.Finalizer) {
+		t.Fatalf("finalizers %v", st.Finalizers)
+	}
+	// No worker yet: not Ready, and the status says why.
+	st = f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.Phase != topologyv1.PhasePending || !strings.Contains(o.Status.Progress, "units 0/8 owned") {
+			return errors.New("want phase Pending with 0/8 units owned")
+		}
+		return nil
+	})
+	wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonWaitingForWorkers)
+
+	// The census ran after activation too, and its verdict covers the
+	// consumers: RESET allowed on an all-2.15 cluster.
+	eventually(t, 20*time.Second, func() error {
+		r := f.snapshot().Reset
+		if !r.Published || !r.Allowed {
+			return fmt.Errorf("RESET permission %+v, want published and allowed", r)
+		}
+		return nil
+	})
+
+	startSimWorker(t, f.reg, f.key(), "w-0", false)
+	startSimWorker(t, f.reg, f.key(), "w-1", false)
+	st = f.waitReady(30 * time.Second)
+	if st.Status.Phase != topologyv1.PhaseReady || st.Status.Progress != "epoch 1 (2x4): units 8/8 owned" {
+		t.Fatalf("phase %s progress %q", st.Status.Phase, st.Status.Progress)
+	}
+	if u := st.Status.Units; u == nil || u.Total != 8 || u.Owned != 8 || u.Unowned != 0 || u.MultiplyOwned != 0 {
+		t.Fatalf("units %+v", u)
+	}
+	wantConditionOf(t, st, topologyv1.ConditionVersionFloorMet, metav1.ConditionTrue, topologyv1.ReasonFloorMet)
+	wantConditionOf(t, st, topologyv1.ConditionReconciling, metav1.ConditionFalse, topologyv1.ReasonReady)
+	if c := st.Status.Census; c == nil || c.Servers != 3 || c.MinVersion == "" || len(c.BelowFloor) != 0 || c.ObservedAt == nil {
+		t.Fatalf("census %+v", c)
+	}
+	if st.Status.Rollout != nil {
+		t.Fatalf("rollout %+v reported when nothing rolls", st.Status.Rollout)
+	}
+	waitEvent(t, f.ns, "EpochPending", "epoch 1 (2x4)")
+	waitEvent(t, f.ns, "EpochActivated", "epoch 1 (2x4)")
+
+	labels := map[string]string{"namespace": f.ns, "name": "ingest"}
+	eventually(t, 10*time.Second, func() error {
+		for name, want := range map[string]float64{
+			"shardkeeper_units_owned":              8,
+			"shardkeeper_units_unowned":            0,
+			"shardkeeper_units_multiply_owned":     0,
+			"shardkeeper_reset_permission_allowed": 1,
+			"shardkeeper_topology_epoch":           1,
+		} {
+			if got, ok := metricValue(t, name, labels); !ok || got != want {
+				return fmt.Errorf("%s = %v (present %t), want %v", name, got, ok, want)
+			}
+		}
+		if v, ok := metricValue(t, "shardkeeper_rollout_phase", map[string]string{"namespace": f.ns, "name": "ingest", "phase": "Ready"}); !ok || v != 1 {
+			return fmt.Errorf("rollout phase Ready = %v", v)
+		}
+		if _, ok := metricValue(t, "shardkeeper_census_min_version_info", map[string]string{"namespace": f.ns, "name": "ingest", "version": st.Status.Census.MinVersion}); !ok {
+			return errors.New("no census min version series")
+		}
+		if _, ok := metricValue(t, "shardkeeper_census_age_seconds", labels); !ok {
+			return errors.New("no census age series")
+		}
+		return nil
+	})
+}
+
+// A change of V goes pending, waits for every live member's freeze
+// acknowledgement before activating, and retires the consumers of the
+// units that left only once they hold no rows.
+// checks P2, checks P3
+func TestShardChangeWaitsForEveryAckThenRetiresOnlyDrainedUnits(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 2, shards: 4})
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	b := startSimWorker(t, f.reg, f.key(), "b", false)
+	f.waitReady(60 * time.Second)
+
+	// Rows in unit 1.3, which the change removes; nobody pulls them.
+	f.publish(1, 3, 3)
+	b.holdAcks.Store(true)
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 2 })
+
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if e := o.Status.TargetEpoch; e == nil || e.Number != 2 || o.Status.Rollout == nil || o.Status.Rollout.Step != topologyv1.StepFreeze {
+			return fmt.Errorf("target %+v rollout %+v, want epoch 2 at Freeze", e, o.Status.Rollout)
+		}
+		if !strings.Contains(o.Status.Rollout.Message, "b") {
+			return fmt.Errorf("rollout message %q does not name the member it waits for", o.Status.Rollout.Message)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, func() error {
+		if p := f.snapshot().Pending; p == nil || !slices.Contains(p.Acked, "a") {
+			return fmt.Errorf("pending %+v, want acknowledged by a", p)
+		}
+		return nil
+	})
+	// P2: with b's acknowledgement missing, epoch 2 never activates.
+	consistently(t, 3*time.Second, func() error {
+		s := f.snapshot()
+		if s.Active == nil || s.Active.Number != 1 || s.Pending == nil || s.Pending.Number != 2 {
+			return fmt.Errorf("activated without every ack: active %+v pending %+v", s.Active, s.Pending)
+		}
+		return nil
+	})
+
+	b.holdAcks.Store(false)
+	eventually(t, 20*time.Second, func() error {
+		if a := f.snapshot().Active; a == nil || a.Number != 2 || a.Shards != 2 {
+			return fmt.Errorf("active %+v, want epoch 2 (2x2)", a)
+		}
+		return nil
+	})
+	// Drained removed units are retired; 1.3 holds rows and is kept.
+	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		got := f.consumers(2)
+		want := append(unitConsumers(2, 2), "ingest_1_3")
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("consumers %v, want %v", got, want)
+		}
+		if o.Status.Units == nil || o.Status.Units.Retiring != 1 || o.Status.Rollout == nil || o.Status.Rollout.Step != topologyv1.StepRetire {
+			return fmt.Errorf("units %+v rollout %+v, want 1 retiring at step Retire", o.Status.Units, o.Status.Rollout)
+		}
+		return nil
+	})
+	if !strings.Contains(st.Status.Rollout.Message, "1.3 (3 pending") {
+		t.Fatalf("rollout message %q does not name the unit holding rows", st.Status.Rollout.Message)
+	}
+	if meta := st.Status.Conditions; len(meta) == 0 || st.Status.Phase == topologyv1.PhaseReady {
+		t.Fatalf("Ready while a unit that left still holds rows")
+	}
+	waitEvent(t, f.ns, "UnitsRetired", "0.2")
+
+	// The unit's last rows are worked off; then its consumer goes.
+	if n := f.drain(1, 3); n != 3 {
+		t.Fatalf("drained %d rows of 1.3, want 3", n)
+	}
+	st = f.waitReady(30 * time.Second)
+	if got, want := f.consumers(2), unitConsumers(2, 2); !slices.Equal(got, want) {
+		t.Fatalf("consumers %v, want %v", got, want)
+	}
+	if p := st.Status.Provisioned; p == nil || p.Partitions != 2 || p.ShardsPerPartition != 2 {
+		t.Fatalf("provisioned %+v, want 2x2", p)
+	}
+	if n := f.streamRows(1); n != 3 {
+		t.Fatalf("stream 1 stores %d rows, want the 3 published (no row dropped)", n)
+	}
+	waitEvent(t, f.ns, "UnitsRetired", "1.3")
+}
+
+// Pause holds the next step (starting a change, activating it) and resume
+// goes on from where it stopped.
+func TestPauseHoldsTheNextStepAndResumeContinues(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	w := startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+
+	// Paused by annotation: the change does not start.
+	f.update(func(o *topologyv1.ShardTopology) {
+		o.Annotations = map[string]string{topologyv1.PausedAnnotation: "true"}
+		o.Spec.ShardsPerPartition = 4
+	})
+	st := f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.Phase != topologyv1.PhasePaused || o.Status.ObservedGeneration != o.Generation {
+			return errors.New("want phase Paused at the current generation")
+		}
+		return nil
+	})
+	wantConditionOf(t, st, topologyv1.ConditionRolloutPaused, metav1.ConditionTrue, topologyv1.ReasonPaused)
+	consistently(t, 2*time.Second, func() error {
+		if p := f.snapshot().Pending; p != nil {
+			return fmt.Errorf("epoch %d written as pending while paused", p.Number)
+		}
+		return nil
+	})
+	waitEvent(t, f.ns, "RolloutPaused", "Provision")
+
+	// Resumed: the change goes pending; the worker holds its ack.
+	w.holdAcks.Store(true)
+	f.update(func(o *topologyv1.ShardTopology) { delete(o.Annotations, topologyv1.PausedAnnotation) })
+	eventually(t, 20*time.Second, func() error {
+		if p := f.snapshot().Pending; p == nil || p.Shards != 4 {
+			return fmt.Errorf("pending %+v, want 1x4", p)
+		}
+		return nil
+	})
+	// Paused by spec between Freeze and Activate: every ack arrives, but
+	// the epoch stays pending.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = true })
+	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.Phase != topologyv1.PhasePaused || o.Status.ObservedGeneration != o.Generation {
+			return errors.New("want phase Paused at the current generation")
+		}
+		return nil
+	})
+	w.holdAcks.Store(false)
+	eventually(t, 10*time.Second, func() error {
+		if p := f.snapshot().Pending; p == nil || !slices.Contains(p.Acked, "a") {
+			return fmt.Errorf("pending %+v not acknowledged", p)
+		}
+		return nil
+	})
+	consistently(t, 2*time.Second, func() error {
+		if a := f.snapshot().Active; a.Shards != 2 {
+			return fmt.Errorf("activated %+v while paused", a)
+		}
+		return nil
+	})
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = false })
+	st = f.waitReady(30 * time.Second)
+	if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 4 {
+		t.Fatalf("active %+v, want 1x4", a)
+	}
+	wantConditionOf(t, st, topologyv1.ConditionRolloutPaused, metav1.ConditionFalse, topologyv1.ReasonNotPaused)
+}
+
+// Abort retires the pending epoch and keeps the active one, by annotation
+// or by setting the spec back.
+func TestAbortRetiresThePendingEpochAndKeepsTheActiveOne(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	w := startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+	w.holdAcks.Store(true)
+
+	pendingShards := func(want int) {
+		t.Helper()
+		eventually(t, 20*time.Second, func() error {
+			if p := f.snapshot().Pending; p == nil || p.Shards != want {
+				return fmt.Errorf("pending %+v, want shards %d", p, want)
+			}
+			return nil
+		})
+	}
+	noPending := func() {
+		t.Helper()
+		eventually(t, 20*time.Second, func() error {
+			s := f.snapshot()
+			if s.Pending != nil || s.Active == nil || s.Active.Shards != 2 {
+				return fmt.Errorf("active %+v pending %+v, want 1x2 and nothing pending", s.Active, s.Pending)
+			}
+			return nil
+		})
+	}
+
+	// By annotation: the pending epoch goes, the active stays, and the
+	// topology is stalled until a person reverts the spec or removes it.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	pendingShards(4)
+	f.update(func(o *topologyv1.ShardTopology) {
+		o.Annotations = map[string]string{topologyv1.AbortAnnotation: "true"}
+	})
+	noPending()
+	st := f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.Phase != topologyv1.PhaseStalled {
+			return errors.New("want phase Stalled")
+		}
+		return nil
+	})
+	c := wantConditionOf(t, st, topologyv1.ConditionStalled, metav1.ConditionTrue, topologyv1.ReasonRolloutAborted)
+	if !strings.Contains(c.Message, "shardsPerPartition=2") {
+		t.Fatalf("Stalled message %q does not say how to go on", c.Message)
+	}
+	waitEvent(t, f.ns, "RolloutAborted", "annotation")
+	consistently(t, time.Second, func() error {
+		if p := f.snapshot().Pending; p != nil {
+			return fmt.Errorf("epoch %d pending again while aborted", p.Number)
+		}
+		return nil
+	})
+	f.update(func(o *topologyv1.ShardTopology) {
+		o.Spec.ShardsPerPartition = 2
+		delete(o.Annotations, topologyv1.AbortAnnotation)
+	})
+	f.waitReady(20 * time.Second)
+
+	// By reverting the spec while pending.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	pendingShards(4)
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 2 })
+	noPending()
+	waitEvent(t, f.ns, "RolloutAborted", "no longer asks")
+	st = f.waitReady(20 * time.Second)
+	if a := st.Status.ActiveEpoch; a.Number != 1 {
+		t.Fatalf("active epoch %d, want 1 kept", a.Number)
+	}
+}
+
+// An operator restart in the middle of a rollout resumes it from the
+// registry and status, not from memory.
+func TestOperatorRestartMidRolloutResumes(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	op := startOperator(t, f.ns)
+	f.create()
+	w := startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+	w.holdAcks.Store(true)
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.Rollout == nil || o.Status.Rollout.Step != topologyv1.StepFreeze {
+			return errors.New("want the rollout at Freeze")
+		}
+		return nil
+	})
+	op.stop()
+
+	w.holdAcks.Store(false)
+	eventually(t, 10*time.Second, func() error {
+		if p := f.snapshot().Pending; p == nil || !slices.Contains(p.Acked, "a") {
+			return fmt.Errorf("pending %+v not acknowledged", p)
+		}
+		return nil
+	})
+	if a := f.snapshot().Active; a.Shards != 2 {
+		t.Fatalf("activated %+v with no operator running", a)
+	}
+
+	startOperator(t, f.ns)
+	st := f.waitReady(30 * time.Second)
+	if a := st.Status.ActiveEpoch; a == nil || a.Number != 2 || a.ShardsPerPartition != 4 || st.Status.Units.Owned != 4 {
+		t.Fatalf("active %+v units %+v, want epoch 2 (1x4) fully owned", a, st.Status.Units)
+	}
+	if n := len(listEvents(t, f.ns, "EpochActivated")); n != 2 {
+		t.Fatalf("%d EpochActivated events, want 2 (epochs 1 and 2)", n)
+	}
+}
+
+// A change of N provisions the new partition's stream and consumers before
+// the epoch goes pending; going back down retires the consumers of the
+// partition that left once drained and keeps its stream (and rows).
+// checks P3
+func TestPartitionChangeProvisionsAndRetiresAStreamsConsumers(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	startSimWorker(t, f.reg, f.key(), "b", false)
+	f.waitReady(60 * time.Second)
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 2 })
+	st := f.waitReady(30 * time.Second)
+	if a := st.Status.ActiveEpoch; a.Number != 2 || a.Partitions != 2 || st.Status.Units.Owned != 4 {
+		t.Fatalf("active %+v units %+v, want epoch 2 (2x2) fully owned", a, st.Status.Units)
+	}
+	if got, want := f.consumers(2), unitConsumers(2, 2); !slices.Equal(got, want) {
+		t.Fatalf("consumers %v, want %v", got, want)
+	}
+	f.publish(1, 0, 1)
+	if n := f.drain(1, 0); n != 1 {
+		t.Fatalf("drained %d rows", n)
+	}
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 1 })
+	st = f.waitReady(30 * time.Second)
+	if p := st.Status.Provisioned; p == nil || p.Partitions != 1 {
+		t.Fatalf("provisioned %+v, want 1x2", p)
+	}
+	if got, want := f.consumers(2), unitConsumers(1, 2); !slices.Equal(got, want) {
+		t.Fatalf("consumers %v, want %v", got, want)
+	}
+	if n := f.streamRows(1); n != 1 {
+		t.Fatalf("stream of partition 1 holds %d rows, want its 1 row kept", n)
+	}
+	waitEvent(t, f.ns, "StreamsKept", "SHARDKEEPER_INGEST_1")
+}
