@@ -22,11 +22,12 @@ import (
 )
 
 // runIndependent is the baseline the end-to-end test compares against:
-// what fleets commonly do today. The worker places units on its own, with
-// the N and V it was started with, over the replica count it was started
-// with, and pulls its share with no registry, no claims and no fencing. A
-// pod restart with a new N or V is the only way a change reaches it. It
-// exists to be measured, not used.
+// what fleets commonly do today. The worker owns the units whose flat index
+// p*V+s modulo the replica count equals its ordinal, with the N, V and
+// replica count it was started with, and pulls them with no registry, no
+// claims and no fencing. A pod restart with a new N or V is the only way a
+// change reaches it, and while old and new pods run side by side they
+// disagree about most units. It exists to be measured, not used.
 func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	ordinal, err := podOrdinal(cfg.member)
 	if err != nil {
@@ -36,11 +37,12 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	if err := topo.Validate(); err != nil {
 		return fmt.Errorf("%w: --partitions/--shards: %v", errBadFlag, err)
 	}
-	slots := make([]ownership.Slot, cfg.replicas)
-	for i := range slots {
-		slots[i] = ownership.Slot(i)
+	var mine []ownership.Unit
+	for i, u := range topo.Units() {
+		if i%cfg.replicas == ordinal {
+			mine = append(mine, u)
+		}
 	}
-	mine := ownership.Place(topo.Units(), slots).UnitsOf(ownership.Slot(ordinal))
 
 	nc, err := connectNATS(cfg)
 	if err != nil {

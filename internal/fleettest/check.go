@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +53,25 @@ type Delivery struct {
 	// MaxGap is, per unit, the longest wait between consecutive first
 	// writes of its rows.
 	MaxGap map[string]time.Duration
+	// Written holds, per unit, the sorted first-write times of its rows.
+	Written map[string][]time.Time
+}
+
+// MaxGapWithin is the unit's longest wait between consecutive first writes
+// that both fall in [from, to].
+func (d Delivery) MaxGapWithin(unit string, from, to time.Time) time.Duration {
+	var gap time.Duration
+	var prev time.Time
+	for _, t := range d.Written[unit] {
+		if t.Before(from) || t.After(to) {
+			continue
+		}
+		if !prev.IsZero() {
+			gap = max(gap, t.Sub(prev))
+		}
+		prev = t
+	}
+	return gap
 }
 
 // WaitDelivered waits until every published row is in the sink (P3) or
@@ -78,7 +98,7 @@ func (f *Fleet) WaitDelivered(published map[string]ownership.Unit, timeout time.
 }
 
 func summarize(published map[string]ownership.Unit, sink map[string]SinkRow) Delivery {
-	d := Delivery{Published: len(published), MaxGap: map[string]time.Duration{}}
+	d := Delivery{Published: len(published), MaxGap: map[string]time.Duration{}, Written: map[string][]time.Time{}}
 	byUnit := map[string][]time.Time{}
 	for id := range published {
 		r, ok := sink[id]
@@ -92,6 +112,7 @@ func summarize(published map[string]ownership.Unit, sink map[string]SinkRow) Del
 	}
 	for u, ts := range byUnit {
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		d.Written[u] = ts
 		for i := 1; i < len(ts); i++ {
 			d.MaxGap[u] = max(d.MaxGap[u], ts[i].Sub(ts[i-1]))
 		}
@@ -222,7 +243,9 @@ func (m *Monitor) sample() {
 			m.result.Holders[u] = map[string]bool{}
 		}
 		for _, h := range hs {
-			m.result.Holders[u][h] = true
+			// A terminating pod's process ("name@uid") is the same owner
+			// as far as "did the owner change" goes.
+			m.result.Holders[u][strings.SplitN(h, "@", 2)[0]] = true
 		}
 		if len(hs) > 1 {
 			multi++
@@ -238,6 +261,21 @@ func (m *Monitor) sample() {
 			m.result.UnownedUnitSamples++
 		}
 	}
+}
+
+// Result returns what the monitor saw so far, and keeps sampling.
+func (m *Monitor) Result() MonitorResult {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.result
+	r.Holders = map[string]map[string]bool{}
+	for u, hs := range m.result.Holders {
+		r.Holders[u] = map[string]bool{}
+		for h := range hs {
+			r.Holders[u][h] = true
+		}
+	}
+	return r
 }
 
 // Stop ends sampling and returns the result.

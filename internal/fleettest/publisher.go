@@ -95,3 +95,41 @@ func (p *Publisher) Published() int {
 	defer p.mu.Unlock()
 	return len(p.acked)
 }
+
+// PublishBurst publishes n rows round robin over units as fast as the
+// stream acknowledges them, with ids distinct from StartPublisher's, and
+// returns the acknowledged ids.
+func (f *Fleet) PublishBurst(units []ownership.Unit, n int) map[string]ownership.Unit {
+	f.T.Helper()
+	js, err := jetstream.New(f.NATS.Connect(-1))
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	acked := map[string]ownership.Unit{}
+	futures := make([]jetstream.PubAckFuture, 0, n)
+	ids := make([]string, 0, n)
+	for i := range n {
+		u := units[i%len(units)]
+		id := fmt.Sprintf("burst-%08d", i)
+		msg := &nats.Msg{Subject: f.Layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{}}
+		msg.Header.Set(nats.MsgIdHdr, id)
+		fut, err := js.PublishMsgAsync(msg)
+		if err != nil {
+			f.T.Fatalf("publish burst: %v", err)
+		}
+		futures, ids = append(futures, fut), append(ids, id)
+	}
+	for i, fut := range futures {
+		select {
+		case <-fut.Ok():
+			acked[ids[i]] = units[i%len(units)]
+		case err := <-fut.Err():
+			f.T.Fatalf("publish %s: %v", ids[i], err)
+		case <-ctx.Done():
+			f.T.Fatal("publish burst timed out")
+		}
+	}
+	return acked
+}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -129,7 +131,35 @@ func (w *Worker) handOver(ctx context.Context, ts *tickState) error {
 		}
 	}
 	w.mu.Unlock()
-	return w.handOverUnits(ctx, leaving)
+	var ready []ownership.Unit
+	for _, u := range leaving {
+		if w.retiringWithRows(ctx, ts, u) {
+			continue // keep delivering until the retired unit is drained
+		}
+		ready = append(ready, u)
+	}
+	return w.handOverUnits(ctx, ready)
+}
+
+// retiringWithRows reports whether u left the topology (an N or V
+// decrease) and its consumer still holds rows. Nobody else will claim such
+// a unit, so its holder keeps delivering until it is drained, and only then
+// releases it for the operator to retire (design.md section 8). A unit
+// whose consumer cannot be read counts as holding rows.
+func (w *Worker) retiringWithRows(ctx context.Context, ts *tickState, u ownership.Unit) bool {
+	a := ts.snap.Active
+	if a == nil || (ownership.Topology{Partitions: a.Partitions, Shards: a.Shards}).Contains(u) {
+		return false
+	}
+	ref := w.consumerRef(u)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := w.js.Consumer(rctx, ref.Stream, ref.Name)
+	if err != nil {
+		return !errors.Is(err, jetstream.ErrConsumerNotFound)
+	}
+	info := c.CachedInfo()
+	return info.NumPending > 0 || info.NumAckPending > 0
 }
 
 func (w *Worker) handOverUnits(ctx context.Context, units []ownership.Unit) error {

@@ -224,3 +224,34 @@ func TestDrainRequestMovesUnitsAwayAndBack(t *testing.T) {
 		t.Fatalf("P1 broken: %v", r.Examples)
 	}
 }
+
+// A V decrease leaves rows in the removed units' consumers: their holders
+// keep delivering until those are drained, then release them.
+//
+// checks P3
+func TestShrinkDrainsRemovedUnitsBeforeReleasing(t *testing.T) {
+	from, to := ownership.Topology{Partitions: 1, Shards: 4}, ownership.Topology{Partitions: 1, Shards: 2}
+	// Without the drain, the removed units' rows would be stranded.
+	f := fleettest.Start(t, fleettest.Options{Partitions: from.Partitions, Shards: from.Shards})
+	f.StartWorker("w-0")
+	f.StartWorker("w-1")
+	waitSettled(t, f, from, 2)
+
+	// A backlog on the units about to be removed, far longer to work off
+	// than the change takes.
+	backlog := f.PublishBurst([]ownership.Unit{{Partition: 0, Shard: 2}, {Partition: 0, Shard: 3}}, 20000)
+	f.ChangeTopology(to.Partitions, to.Shards)
+	d, err := f.WaitDelivered(backlog, 90*time.Second)
+	if err != nil {
+		t.Fatalf("P3 broken by a shrink: %v", err)
+	}
+	t.Logf("P3: %d backlog rows delivered across the shrink, %d duplicates", d.Delivered, d.Duplicates)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		for u, hs := range held(t, f) {
+			if unit, _ := ownership.ParseUnit(u); !to.Contains(unit) {
+				return fmt.Errorf("removed unit %s still held by %v after draining", u, hs)
+			}
+		}
+		return nil
+	})
+}
