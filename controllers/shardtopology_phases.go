@@ -110,7 +110,14 @@ func (s *scope) observation(err error) observation {
 	case s.retiringLeft != nil:
 		o.retiring = *s.retiringLeft
 	case s.snap != nil && s.snap.Active != nil:
-		o.retiring = len(s.unitsToRetire(epochTopology(s.snap.Active)))
+		// Units provisioned for a target not yet active are arriving,
+		// not retiring.
+		target := s.target()
+		for _, u := range s.unitsToRetire(epochTopology(s.snap.Active)) {
+			if !target.Contains(u) {
+				o.retiring++
+			}
+		}
 	}
 	var stall *StallError
 	if err != nil && !errors.As(err, &stall) {

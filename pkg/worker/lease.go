@@ -28,12 +28,16 @@ func (w *Worker) join(ctx context.Context) error {
 	return w.recover(ctx, true)
 }
 
-// renew extends the lease. A lost lease means fence (if not already) and
-// join again; any other failure leaves the watchdog to fence on time.
+// renew extends the lease when it is due. A lost lease means fence (if
+// not already) and join again; any other failure leaves the watchdog to
+// fence on time.
 func (w *Worker) renew(ctx context.Context, _ *tickState) error {
 	ref, ok := w.memberRef()
 	if !ok {
 		return w.join(ctx)
+	}
+	if !w.renewDue() {
+		return nil
 	}
 	qctx, cancel := w.queryCtx(ctx)
 	defer cancel()
@@ -55,6 +59,19 @@ func (w *Worker) renew(ctx context.Context, _ *tickState) error {
 	}
 }
 
+// renewDue reports whether the next renewal should go out this tick:
+// one tick early rather than one tick late, so renewals are never further
+// apart than the renew interval the registry's grace is sized for (P5).
+func (w *Worker) renewDue() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	interval := w.params.RenewInterval
+	if interval <= 0 || w.fenced {
+		return true
+	}
+	return time.Since(w.renewedAt) >= interval-w.opts.TickInterval
+}
+
 // setLease records a lease granted by a request sent at sent, and arms the
 // self-fence for sent + TTL - margin on this process's monotonic clock.
 // The registry counts the TTL from when it ran the request, which is no
@@ -67,6 +84,7 @@ func (w *Worker) setLease(l poolctl.Lease, sent time.Time) {
 		margin = w.params.QueryBound
 	}
 	w.lease = &l
+	w.renewedAt = sent
 	w.fenceAt = sent.Add(l.TTL - margin)
 	if w.watchdog == nil {
 		w.watchdog = time.AfterFunc(time.Until(w.fenceAt), w.onWatchdog)

@@ -31,6 +31,11 @@ type Options struct {
 	// Handler receives every row. It must return a Settlement.
 	Handler Handler
 
+	// TickInterval is how often the worker re-reads the registry, places
+	// and claims (default 500ms, and never slower than the renew
+	// interval). A released unit waits at most this long for its next
+	// owner; renewals keep their own schedule.
+	TickInterval time.Duration
 	// FetchBatch is how many rows one pull asks for (default 64).
 	FetchBatch int
 	// FetchWait bounds one pull (default 1s). Shorter makes handovers
@@ -71,6 +76,9 @@ func (o *Options) withDefaults() Options {
 	if c.FetchBatch == 0 {
 		c.FetchBatch = 64
 	}
+	if c.TickInterval == 0 {
+		c.TickInterval = 500 * time.Millisecond
+	}
 	if c.FetchWait == 0 {
 		c.FetchWait = time.Second
 	}
@@ -109,6 +117,9 @@ func (o *Options) validate() error {
 		PinnedTTL: time.Second, AckWait: time.Second}
 	if err := l.Validate(); err != nil {
 		bad("SubjectPrefix/ConsumerName", "%v", err)
+	}
+	if o.TickInterval < 10*time.Millisecond || o.TickInterval > time.Minute {
+		bad("TickInterval", "must be 10ms..1m, got %s", o.TickInterval)
 	}
 	if o.FetchBatch < 1 || o.FetchBatch > 10000 {
 		bad("FetchBatch", "must be 1..10000, got %d", o.FetchBatch)

@@ -42,6 +42,8 @@ type Worker struct {
 	ackedPending int64
 	params       poolctl.Params
 	lastTick     tickState
+	// renewedAt is when the last successful renewal's request was sent.
+	renewedAt time.Time
 }
 
 // holding is a claim this member holds, and its puller when delivering.
@@ -87,7 +89,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	for {
-		interval := w.renewInterval()
+		interval := min(w.renewInterval(), w.opts.TickInterval)
 		if err := w.tick(ctx); err != nil && ctx.Err() == nil {
 			w.log.Info("Tick incomplete", "error", err.Error())
 		}

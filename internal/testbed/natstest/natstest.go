@@ -163,6 +163,9 @@ func runServer(cfg ServerConfig, dir string) (*server.Server, error) {
 // under dir. Call Shutdown when done. Connect and the other helpers that
 // fail a test are for clusters from StartCluster only.
 func Start(dir string, n int) (*Cluster, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
 	c := &Cluster{Name: clusterName(), dir: dir}
 	cfgs, err := buildConfigs(c.Name, dir, n)
 	if err != nil {
