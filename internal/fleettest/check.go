@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
 // SinkRow is one row as the reference worker wrote it.
@@ -146,6 +147,10 @@ type Monitor struct {
 	result MonitorResult
 	// topo is the active topology for unowned counting.
 	topo ownership.Topology
+	// reg and key, when set, are the registry each sample is checked
+	// against.
+	reg poolctl.Registry
+	key string
 }
 
 // MonitorResult is what a Monitor saw.
@@ -159,6 +164,9 @@ type MonitorResult struct {
 	UnownedUnitSamples int
 	// Examples names a few multiply-owned sightings.
 	Examples []string
+	// NotRegistryOwner counts sightings of a worker delivering a unit the
+	// registry gave to someone else, in reads before and after (P1).
+	NotRegistryOwner int
 	// Holders lists, per unit, every worker seen holding it.
 	Holders map[string]map[string]bool
 	// Interval is the sampling interval.
@@ -170,15 +178,18 @@ func (r MonitorResult) UnownedUnitSeconds() float64 {
 	return float64(r.UnownedUnitSamples) * r.Interval.Seconds()
 }
 
-// StartMonitor samples the fleet's workers every interval until Stop.
+// StartMonitor samples the fleet's workers, and checks them against the
+// registry, every interval until Stop.
 func (f *Fleet) StartMonitor(topo ownership.Topology, interval time.Duration) *Monitor {
-	return StartMonitor(func() map[string]string {
+	m := StartMonitor(func() map[string]string {
 		out := map[string]string{}
 		for _, w := range f.Workers() {
 			out[w.Name] = w.Addr
 		}
 		return out
 	}, topo, interval)
+	m.CheckRegistry(f.Registry, f.Topology)
+	return m
 }
 
 // StartMonitor samples the workers targets names (name -> status address)
@@ -189,6 +200,35 @@ func StartMonitor(targets func() map[string]string, topo ownership.Topology, int
 	m.result.Interval = interval
 	go m.run(interval)
 	return m
+}
+
+// CheckRegistry makes every sample also compare what workers say they
+// deliver with the registry's owners.
+func (m *Monitor) CheckRegistry(reg poolctl.Registry, key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reg, m.key = reg, key
+}
+
+// owners reads the registry's owner of every held unit, or nil.
+func (m *Monitor) owners(ctx context.Context) map[string]string {
+	m.mu.Lock()
+	reg, key := m.reg, m.key
+	m.mu.Unlock()
+	if reg == nil {
+		return nil
+	}
+	claims, err := reg.Claims(ctx, key)
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, c := range claims {
+		if c.State != poolctl.StateFree {
+			out[c.Unit] = c.Owner
+		}
+	}
+	return out
 }
 
 // SetTopology changes the topology whose unowned units are counted.
@@ -215,6 +255,7 @@ func (m *Monitor) run(interval time.Duration) {
 func (m *Monitor) sample() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
+	before := m.owners(ctx)
 	holders := map[string][]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -234,9 +275,13 @@ func (m *Monitor) sample() {
 		}()
 	}
 	wg.Wait()
+	after := m.owners(ctx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.result.Samples++
+	if before != nil && after != nil {
+		m.checkOwners(holders, before, after)
+	}
 	multi := 0
 	for u, hs := range holders {
 		if m.result.Holders[u] == nil {
@@ -276,6 +321,24 @@ func (m *Monitor) Result() MonitorResult {
 		}
 	}
 	return r
+}
+
+// checkOwners flags units a worker delivers while the registry named
+// another owner both before and after the workers were asked: a window
+// the worker's own report cannot have fallen between.
+func (m *Monitor) checkOwners(holders map[string][]string, before, after map[string]string) {
+	for u, hs := range holders {
+		for _, h := range hs {
+			name := strings.SplitN(h, "@", 2)[0]
+			if before[u] != name && after[u] != name {
+				m.result.NotRegistryOwner++
+				if len(m.result.Examples) < 10 {
+					m.result.Examples = append(m.result.Examples,
+						fmt.Sprintf("%s delivered by %s, registry owner %q then %q", u, name, before[u], after[u]))
+				}
+			}
+		}
+	}
 }
 
 // Stop ends sampling and returns the result.

@@ -123,22 +123,24 @@ func (w *Worker) handOver(ctx context.Context, ts *tickState) error {
 	if w.isFenced() {
 		return nil // what we hold is unknown until recover confirms it
 	}
-	var leaving []ownership.Unit
+	var releasing, leaving, ready []ownership.Unit
 	w.mu.Lock()
-	for u := range w.held {
-		if !ts.mine[u] {
+	for u, h := range w.held {
+		switch {
+		case h.releasing:
+			// A release that failed is finished before anything else.
+			releasing = append(releasing, u)
+		case !ts.mine[u]:
 			leaving = append(leaving, u)
 		}
 	}
 	w.mu.Unlock()
-	var ready []ownership.Unit
 	for _, u := range leaving {
-		if w.retiringWithRows(ctx, ts, u) {
-			continue // keep delivering until the retired unit is drained
-		}
-		ready = append(ready, u)
+		if !w.retiringWithRows(ctx, ts, u) {
+			ready = append(ready, u)
+		} // else keep delivering until the removed unit is drained
 	}
-	return w.handOverUnits(ctx, ready)
+	return w.handOverUnits(ctx, append(releasing, ready...))
 }
 
 // retiringWithRows reports whether u left the topology (an N or V
@@ -191,6 +193,9 @@ func (w *Worker) handOverUnit(ctx context.Context, u ownership.Unit) error {
 	if p != nil && !p.drain(w.opts.DrainTimeout) {
 		w.log.Info("Drain timed out; unsettled rows nak'd for the next owner", "unit", u.String())
 	}
+	w.mu.Lock()
+	h.releasing = true
+	w.mu.Unlock()
 	w.unpin(ctx, u)
 	qctx, cancel := w.queryCtx(ctx)
 	defer cancel()

@@ -50,6 +50,10 @@ type Worker struct {
 type holding struct {
 	token  poolctl.Token
 	puller *puller
+	// releasing is set once delivery stopped for a handover, before the
+	// release is sent: from then on the member no longer counts the unit
+	// as its own, even if the release must be retried.
+	releasing bool
 }
 
 // New checks the options and returns a Worker ready to Run.
@@ -133,7 +137,7 @@ func (w *Worker) mayDeliver(u ownership.Unit, t poolctl.Token) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h := w.held[u]
-	return !w.fencedLocked() && h != nil && h.token == t
+	return !w.fencedLocked() && h != nil && h.token == t && !h.releasing
 }
 
 // Ready reports whether the worker holds a lease and is not fenced.
@@ -157,7 +161,9 @@ type Status struct {
 	Incarnation int64
 	Slot        int
 	Fenced      bool
-	Held        map[string]int64 // unit -> fencing epoch
+	// Held maps each unit the member delivers to its fencing epoch; units
+	// being released are left out.
+	Held map[string]int64
 }
 
 // Status returns the worker's current state.
@@ -169,7 +175,9 @@ func (w *Worker) Status() Status {
 		s.Incarnation, s.Slot = w.lease.Incarnation, w.lease.Slot
 	}
 	for u, h := range w.held {
-		s.Held[u.String()] = h.token.Epoch
+		if !h.releasing {
+			s.Held[u.String()] = h.token.Epoch
+		}
 	}
 	return s
 }
