@@ -45,8 +45,8 @@ type scenarioResult struct {
 	MultiplyOwnedInstants int
 	// NotRegistryOwner counts deliveries by a worker the registry did not
 	// name as owner (meaningless for independent, which has no claims).
-	NotRegistryOwner int
-	UnownedUnitSeconds    float64
+	NotRegistryOwner   int
+	UnownedUnitSeconds float64
 	// MaxGapUnmoved is the longest delivery gap, during the N and V
 	// changes, of a unit that kept one holder throughout them.
 	MaxGapUnmoved time.Duration
