@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/shardkeeper/shardkeeper/internal/operator"
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/pgtest"
 )
@@ -95,20 +96,8 @@ func newNamespace(t *testing.T) string {
 	return ns.Name
 }
 
-// eventually polls cond until it returns nil or the deadline passes, then
-// fails with cond's last error.
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("condition not met within %s: %v", timeout, err)
-}
+// eventually polls cond until it returns nil or the deadline passes.
+var eventually = testbed.Eventually
 
 // consistently polls cond for the whole duration and fails at the first
 // error: for promises that something does NOT happen.

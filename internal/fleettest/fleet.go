@@ -143,20 +143,7 @@ func (f *Fleet) ChangeTopology(n, v int) int64 {
 }
 
 // Eventually polls cond until it returns nil or the deadline passes.
-func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %v", timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+var Eventually = testbed.Eventually
 
 var (
 	buildOnce sync.Once

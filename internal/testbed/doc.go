@@ -1,8 +1,10 @@
 // Package testbed holds what tests and the demo need to start real parts on
 // loopback: a throwaway PostgreSQL (pgtest), in-process and separate-process
-// NATS servers (natstest) and an envtest control plane built from source
-// (kubetest). Each subpackage starts, hands over addresses, and stops; none
-// of them knows anything about shardkeeper's own logic.
+// NATS servers (natstest), an envtest control plane built from source
+// (kubetest), a test kubelet running local processes as pods (kubelet) and a
+// TCP proxy that injects latency and cuts (faultproxy). Each subpackage
+// starts, hands over addresses, and stops; none of them knows anything about
+// shardkeeper's own logic. This package adds the small helpers they share.
 package testbed
 
 import (
@@ -10,7 +12,27 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"testing"
+	"time"
 )
+
+// Eventually polls cond every 50ms until it returns nil, and fails the
+// test with cond's last error when timeout passes first. Tests wait for
+// conditions with it instead of sleeping.
+func Eventually(tb testing.TB, timeout time.Duration, cond func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("not within %s: %v", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
 
 // FreePort returns a loopback TCP port that was free a moment ago. Another
 // process may take it before the caller binds it; callers that start servers

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
 )
 
@@ -140,17 +141,4 @@ func waitReadyReplicas(t *testing.T, cs kubernetes.Interface, n int32) {
 	})
 }
 
-func poll(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+var poll = testbed.Eventually
