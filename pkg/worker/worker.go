@@ -44,6 +44,8 @@ type Worker struct {
 	lastTick     tickState
 	// renewedAt is when the last successful renewal's request was sent.
 	renewedAt time.Time
+	// placed is the tick goroutine's placement cache.
+	placed placedCache
 }
 
 // holding is a claim this member holds, and its puller when delivering.
