@@ -117,7 +117,7 @@ func (c *ProcCluster) Shutdown() {
 
 // WaitJetStream waits until every running server answers a system-account
 // ping naming the same meta leader, and the leader reports every other
-// running server as a current peer.
+// running server as a current peer it places assets on.
 func (c *ProcCluster) WaitJetStream(timeout time.Duration) {
 	c.tb.Helper()
 	var running []string
@@ -155,6 +155,7 @@ type statsz struct {
 				Replicas []struct {
 					Name    string `json:"name"`
 					Current bool   `json:"current"`
+					Offline bool   `json:"offline"`
 				} `json:"replicas"`
 			} `json:"meta"`
 		} `json:"jetstream"`
@@ -217,7 +218,10 @@ func (c *ProcCluster) jetStreamReady(running []string) (bool, string) {
 	}
 	current := map[string]bool{leader: true}
 	for _, p := range lr.Stats.JetStream.Meta.Replicas {
-		if p.Current {
+		// Offline is the leader's placement view: a current raft peer
+		// it still thinks offline refuses stream placement ("no
+		// suitable peers").
+		if p.Current && !p.Offline {
 			current[p.Name] = true
 		}
 	}
