@@ -14,6 +14,7 @@ var (
 	ErrStaleIncarnation = errors.New("incarnation superseded by a later join")
 	ErrLeaseExpired     = errors.New("lease expired; join again")
 	ErrFenced           = errors.New("member is fenced")
+	ErrDraining         = errors.New("member is draining and may not claim")
 	ErrNoActiveEpoch    = errors.New("no active topology epoch")
 	ErrEpochMoved       = errors.New("active topology epoch moved")
 	ErrFrozen           = errors.New("claims frozen while a topology epoch is pending")
@@ -44,6 +45,10 @@ const (
 	// HeldHandoverToOther: the owner handed the unit to another member
 	// and its lease has not lapsed past the grace.
 	HeldHandoverToOther HeldReason = "handover-to-other"
+	// HeldPreviousIncarnation: an earlier incarnation of the claimer holds
+	// the unit and its lease has not lapsed past the grace, so a second
+	// process under the same name may still be delivering.
+	HeldPreviousIncarnation HeldReason = "previous-incarnation-grace"
 )
 
 // HeldError refuses a claim on a unit another member holds.

@@ -170,13 +170,13 @@ func (p *PG) Leave(ctx context.Context, m MemberRef) error {
 }
 
 // Fence implements Registry.
-func (p *PG) Fence(ctx context.Context, m MemberRef) error {
+func (p *PG) Fence(ctx context.Context, m MemberRef, _ int64) error {
 	return p.setFence(ctx, m, "fence", `fenced = true`)
 }
 
 // Unfence implements Registry. Lifting a fence that is not set changes
 // nothing, so a repeated Unfence does not extend the grace.
-func (p *PG) Unfence(ctx context.Context, m MemberRef) error {
+func (p *PG) Unfence(ctx context.Context, m MemberRef, _ int64) error {
 	return p.setFence(ctx, m, "unfence",
 		`fenced = false, fence_lifted_at = CASE WHEN m.fenced THEN t.now ELSE m.fence_lifted_at END`)
 }

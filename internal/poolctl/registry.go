@@ -30,17 +30,39 @@ type Registry interface {
 	// member holds any claim, so it never releases anything silently.
 	Leave(ctx context.Context, m MemberRef) error
 	// Fence records that the member is fenced: it may not claim anything.
-	Fence(ctx context.Context, m MemberRef) error
-	// Unfence lifts the fence. The member may claim free units at once but
-	// may adopt only after the grace has passed since the lift (P5).
-	Unfence(ctx context.Context, m MemberRef) error
+	// gen is the member's fence generation, which grows by one at every
+	// local fence of this incarnation. The registry applies a Fence only
+	// when gen is above the last generation it recorded, so a Fence that
+	// arrives late (after the Unfence of the same generation) changes
+	// nothing.
+	Fence(ctx context.Context, m MemberRef, gen int64) error
+	// Unfence lifts the fence of generation gen (and every older one). The
+	// member may claim free units at once but may adopt only after the
+	// grace has passed since the lift (P5). An Unfence older than the last
+	// recorded generation changes nothing and is not an error.
+	Unfence(ctx context.Context, m MemberRef, gen int64) error
 
 	// Claim takes unit for the member under the active topology epoch
 	// under, raising its fencing epoch by one. The unit must be free,
 	// never claimed, handed over to this member (or to anyone), held by an
 	// earlier incarnation of this member, or adoptable under P5. Claiming
 	// a unit this incarnation already holds returns its token unchanged.
+	//
+	// A unit outside the active epoch's shape may be claimed only while it
+	// is in the retiring set (SetRetiring), to drain it. A draining member
+	// (SetDraining) claims nothing (ErrDraining). A unit an earlier,
+	// still-live incarnation of this member holds is re-homed only after
+	// that incarnation's lease expiry plus the grace (HeldPreviousIncarnation
+	// before), so a second process under the same name has fenced itself
+	// first. A repeat after a lost reply reports the same Adopted, Rehomed
+	// and From as the original decision.
 	Claim(ctx context.Context, m MemberRef, under int64, unit string) (Claim, error)
+	// ClaimMany is Claim for many units in one transaction of a constant
+	// number of round trips: each unit is decided by the same rules, and
+	// each gets its own outcome. The error is for the batch as a whole
+	// (connection, unknown topology); per-unit refusals are in the
+	// outcomes.
+	ClaimMany(ctx context.Context, m MemberRef, under int64, units []string) ([]ClaimOutcome, error)
 	// Handover records the owner's intent to give the unit to member to
 	// (or to anyone when to is ""). The owner must have stopped delivering
 	// it. The unit stays held by the owner until the new owner's Claim or
@@ -49,6 +71,9 @@ type Registry interface {
 	// Release gives the unit up. The row stays (state free), keeping the
 	// fencing epoch so it never goes back.
 	Release(ctx context.Context, t Token) error
+	// ReleaseMany is Release for many tokens in one statement; errs[i] is
+	// the outcome of tokens[i].
+	ReleaseMany(ctx context.Context, tokens []Token) (errs []error, err error)
 	// ConfirmOwned confirms, in one statement, every claim the member holds,
 	// re-homing claims of earlier incarnations onto this one (which raises
 	// their epochs), and reports which expected units moved.
@@ -78,6 +103,19 @@ type Registry interface {
 	// draining member claims nothing. The request survives the member's
 	// rejoins until cleared.
 	SetDraining(ctx context.Context, topology, member string, draining bool) error
+	// SetRetiring replaces the topology's retiring set: units that left
+	// the active epoch and whose consumers still hold rows. Their claims
+	// stay valid, and a retiring unit that is free or adoptable may be
+	// claimed (by the member placement gives it) to drain it to zero.
+	SetRetiring(ctx context.Context, topology string, units []string) error
+
+	// ReportActivity replaces the member's activity report: for each unit
+	// it holds, when it last pulled and last received a row. The operator
+	// compares reports to find units pulled by two members at once and
+	// owned units whose rows do not flow (P7).
+	ReportActivity(ctx context.Context, m MemberRef, units []UnitActivity) error
+	// Activity lists every member's latest activity report.
+	Activity(ctx context.Context, topology string) ([]ActivityReport, error)
 
 	// Retire abandons a pending epoch (the abort path). The active epoch is
 	// retired only by activating its successor.
@@ -159,6 +197,9 @@ type Lease struct {
 	TTL time.Duration
 	// ExpiresAt is the expiry on the registry's clock.
 	ExpiresAt time.Time
+	// Params are the topology's lease parameters, so a member knows its
+	// fence margin (the query bound) from its very first lease.
+	Params Params
 }
 
 // Token is what a holder presents with every write: the claim at one
@@ -183,12 +224,50 @@ type Claim struct {
 	Adopted bool
 	// Settled says the claim settled From's handover intent.
 	Settled bool
+	// Rehomed says the claim moved the unit from an earlier incarnation
+	// of this member (a crash-restart or a rejoin): like an adoption, the
+	// earlier process's pin and unacked rows are the new owner's to lift.
+	Rehomed bool
 	// From is the previous owner, "" when the unit was free or new.
 	From string
 	// CheckpointSeq is the last checkpoint recorded for the unit.
 	CheckpointSeq int64
 	// At is the registry's clock at the decision.
 	At time.Time
+}
+
+// ClaimOutcome is one unit's result in ClaimMany: Err is nil and Claim
+// set, or Err says why the unit was refused (ErrHeld, ErrFrozen, ...).
+type ClaimOutcome struct {
+	Unit  string
+	Claim Claim
+	Err   error
+}
+
+// UnitActivity is what a member reports about one unit it holds. Ages are
+// on the member's own clock at the report, so no two clocks are compared.
+type UnitActivity struct {
+	Unit  string
+	Epoch int64
+	// SinceFetch is the time since the unit's puller last completed a
+	// pull (rows or not); negative means it has not pulled yet.
+	SinceFetch time.Duration
+	// SinceRows is the time since the puller last received a row;
+	// negative means never.
+	SinceRows time.Duration
+}
+
+// ActivityReport is one unit of one member's latest report, on the
+// registry's clock.
+type ActivityReport struct {
+	Unit        string
+	Member      string
+	Incarnation int64
+	Epoch       int64
+	ReportedAt  time.Time
+	// LastFetch and LastRows are zero when the member never pulled or
+	// never received a row.
+	LastFetch, LastRows time.Time
 }
 
 // Confirmation is the result of ConfirmOwned.
@@ -285,6 +364,13 @@ type Member struct {
 // ResetPermission is the operator's census verdict on consumer RESET.
 type ResetPermission struct {
 	Allowed bool
+	// Floor is the version floor the census judged against.
+	Floor string
+	// Servers maps each server the census saw to its version ("" when it
+	// did not answer). A worker checks the consumer's leader and replicas
+	// against it at the moment it would RESET (P4): the verdict alone is
+	// topology-wide and may be minutes old.
+	Servers map[string]string
 	// CensusAge is the census's age when published (write) or now (read).
 	CensusAge time.Duration
 	Reason    string
@@ -309,6 +395,8 @@ type Snapshot struct {
 	Members []Member
 	Reset   ResetPermission
 	Counts  Counts
+	// Retiring is the retiring set (SetRetiring), sorted.
+	Retiring []string
 }
 
 // Member returns the named member, or nil.
@@ -342,4 +430,53 @@ func (s Snapshot) LiveMembers() []Member {
 		}
 	}
 	return out
+}
+
+// HistoryReader reads the registry's append-only history: every change of
+// a claim row and every lease grant, on the registry's wall clock
+// (clock_timestamp(), never the test clock offset). It is the evidence the
+// history checker judges deliveries against (design.md section 9).
+type HistoryReader interface {
+	ClaimHistory(ctx context.Context, topology string) ([]ClaimEvent, error)
+	LeaseHistory(ctx context.Context, topology string) ([]LeaseEvent, error)
+	// EpochHistory lists every topology epoch with when it became active
+	// and when it was retired (zero when not).
+	EpochHistory(ctx context.Context, topology string) ([]EpochSpan, error)
+	// PruneHistory deletes history older than before.
+	PruneHistory(ctx context.Context, topology string, before time.Time) error
+}
+
+// ClaimEvent is one claim row as it was from At on.
+type ClaimEvent struct {
+	Unit        string
+	Owner       string // "" when free
+	Incarnation int64
+	Epoch       int64
+	State       ClaimState
+	// Under is the topology epoch a claim or adoption was decided under
+	// (0 for the other operations).
+	Under int64
+	// Op is what changed the row: claim, adopt, rehome, settle (a
+	// handover settled by the new owner's claim), handover or release.
+	Op string
+	At time.Time
+}
+
+// LeaseEvent is one lease grant (join or renewal) or a leave.
+type LeaseEvent struct {
+	Member      string
+	Incarnation int64
+	At          time.Time
+	ExpiresAt   time.Time
+	Left        bool
+}
+
+// EpochSpan is a topology epoch and when it was active.
+type EpochSpan struct {
+	Number      int64
+	Partitions  int
+	Shards      int
+	State       EpochState
+	ActivatedAt time.Time // zero: never activated
+	RetiredAt   time.Time // zero: not retired
 }

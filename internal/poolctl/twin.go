@@ -173,7 +173,7 @@ func (tp *twinTopology) holds(member string) int {
 }
 
 // Fence implements Registry.
-func (t *Twin) Fence(_ context.Context, m MemberRef) error {
+func (t *Twin) Fence(_ context.Context, m MemberRef, _ int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tp, err := t.topo(m.Topology)
@@ -189,7 +189,7 @@ func (t *Twin) Fence(_ context.Context, m MemberRef) error {
 }
 
 // Unfence implements Registry.
-func (t *Twin) Unfence(_ context.Context, m MemberRef) error {
+func (t *Twin) Unfence(_ context.Context, m MemberRef, _ int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tp, err := t.topo(m.Topology)

@@ -141,7 +141,7 @@ func (w *Worker) fence(reason string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = w.reg.Fence(ctx, ref)
+		_ = w.reg.Fence(ctx, ref, 0)
 	}()
 }
 
@@ -160,11 +160,11 @@ func (w *Worker) recover(ctx context.Context, joined bool) error {
 	if !joined {
 		// The registry saw no lapse, only our own fence: record a lift so
 		// P5's grace applies before we adopt anything.
-		if err := w.reg.Fence(qctx, ref); err != nil {
+		if err := w.reg.Fence(qctx, ref, 0); err != nil {
 			return fmt.Errorf("record fence: %w", err)
 		}
 	}
-	if err := w.reg.Unfence(qctx, ref); err != nil {
+	if err := w.reg.Unfence(qctx, ref, 0); err != nil {
 		return fmt.Errorf("lift fence: %w", err)
 	}
 	w.adoptConfirmation(conf)
