@@ -22,26 +22,26 @@ import (
 )
 
 // runIndependent is the baseline the end-to-end test compares against:
-// what fleets commonly do today. The worker owns the units whose flat index
-// p*V+s modulo the replica count equals its ordinal, with the N, V and
-// replica count it was started with, and pulls them with no registry, no
-// claims and no fencing. A pod restart with a new N or V is the only way a
-// change reaches it, and while old and new pods run side by side they
-// disagree about most units. It exists to be measured, not used.
+// what a fleet with a fixed replica count does when it hashes on its own.
+// The worker places the units of the N and V it was started with by capped
+// rendezvous (ownership.Place, the project's own hash, so the comparison is
+// about sequencing and not about hash quality) over the fixed slots
+// 0..replicas-1, and pulls the units on its slot, its StatefulSet ordinal
+// (independentUnits). It has no registry, no claims and no fencing: it
+// UNPINs each unit's consumer once at start, pulls, and writes unguarded.
+// A pod restart with a new N or V is the only way a change reaches it;
+// while old and new pods run side by side they disagree on the units whose
+// slot differs between the two placements, which are then pulled by two
+// pods or by none. It exists to be measured, not used.
 func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	ordinal, err := podOrdinal(cfg.member)
 	if err != nil {
 		return err
 	}
 	topo := ownership.Topology{Partitions: cfg.partitions, Shards: cfg.shards}
-	if err := topo.Validate(); err != nil {
-		return fmt.Errorf("%w: --partitions/--shards: %v", errBadFlag, err)
-	}
-	var mine []ownership.Unit
-	for i, u := range topo.Units() {
-		if i%cfg.replicas == ordinal {
-			mine = append(mine, u)
-		}
+	mine, err := independentUnits(topo, cfg.replicas, ordinal)
+	if err != nil {
+		return err
 	}
 
 	nc, err := connectNATS(cfg)
@@ -79,6 +79,26 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// independentUnits returns the units the pod with this ordinal pulls under
+// the baseline: those capped rendezvous puts on slot ordinal when topo's
+// units are placed over the fixed slots 0..replicas-1. The slot set is the
+// replica count, not the pods seen alive, because a fleet that hashes on
+// its own knows only its configuration; every pod of one configuration
+// computes the same placement, so together they pull every unit once.
+func independentUnits(topo ownership.Topology, replicas, ordinal int) ([]ownership.Unit, error) {
+	if err := topo.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: --partitions/--shards: %w", errBadFlag, err)
+	}
+	if replicas < 1 || ordinal < 0 || ordinal >= replicas {
+		return nil, fmt.Errorf("%w: ordinal %d is not one of the fixed slots 0..%d (--replicas %d)", errBadFlag, ordinal, replicas-1, replicas)
+	}
+	slots := make([]ownership.Slot, replicas)
+	for i := range slots {
+		slots[i] = ownership.Slot(i)
+	}
+	return ownership.Place(topo.Units(), slots).UnitsOf(ownership.Slot(ordinal)), nil
 }
 
 // pullIndependently takes the unit's pin once at start, then pulls and

@@ -61,7 +61,8 @@ type config struct {
 	fetchBatch                  int
 	verbosity                   int
 	// strategy is "sequenced" (the registry protocol) or "independent"
-	// (the baseline: partitions x shards over replicas, fixed at start).
+	// (the baseline: capped rendezvous of partitions x shards over the
+	// fixed slots 0..replicas-1, fixed at start).
 	strategy                     string
 	partitions, shards, replicas int
 }
