@@ -52,6 +52,12 @@ func (b *procBuilder) ack(unit string, epoch int64, row string, startMs, endMs i
 	return b.add(history.KindAck, unit, epoch, row, startMs, endMs)
 }
 
+// fetched sets the last (deliver) record's pull start.
+func (b *procBuilder) fetched(ms int) *procBuilder {
+	b.p.Records[len(b.p.Records)-1].Fetch = b.mono(ms)
+	return b
+}
+
 // nd sets the last record's NATS delivery count.
 func (b *procBuilder) nd(n uint64) *procBuilder {
 	b.p.Records[len(b.p.Records)-1].NumDelivered = n

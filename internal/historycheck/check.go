@@ -43,7 +43,7 @@ func (c *checker) checkOverlap(v *Verdict) {
 	byUnit := map[string][]window{}
 	for i := range c.ev.deliveries {
 		d := &c.ev.deliveries[i]
-		byUnit[d.rec.Unit] = append(byUnit[d.rec.Unit], window{d.start, d.windowEnd, d.proc, &d.action})
+		byUnit[d.rec.Unit] = append(byUnit[d.rec.Unit], window{d.windowStart, d.windowEnd, d.proc, &d.action})
 	}
 	for i := range c.ev.orphans {
 		a := &c.ev.orphans[i]

@@ -75,6 +75,19 @@ func TestCheck(t *testing.T) {
 			example: map[string][]string{CheckOverlaps: {"unit 0.0", "a-1-100 deliver", "b-2-200 deliver", "row r1", "row r2"}},
 		},
 		{
+			// b's pull went out at 25, while a still held its row: a
+			// process waiting on a pull of the unit is pulling it.
+			name: "overlap: b's pull began inside a's window (fetch to settle)",
+			in: with(proc(1, newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 50).fetched(21).ack("0.0", 2, "r2", 52, 53))),
+			want: map[string]string{CheckOverlaps: "1", CheckUnitsDoublePulled: "1", CheckStaleDeliveries: "0"},
+		},
+		{
+			name:  "a pull that began after the other window ended is no overlap",
+			in:    with(proc(1, newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 50).fetched(41).ack("0.0", 2, "r2", 52, 53))),
+			clean: true,
+			want:  map[string]string{CheckOverlaps: "0"},
+		},
+		{
 			name: "zero-length delivery strictly inside another process's window is an overlap",
 			in:   with(proc(1, newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 21).ack("0.0", 2, "r2", 52, 53))),
 			want: map[string]string{CheckOverlaps: "1", CheckStaleDeliveries: "1"},

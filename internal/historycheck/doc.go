@@ -35,8 +35,10 @@
 // Records. A record without a Member is taken to be its process's (the
 // member of the file's clock record).
 //
-// Delivery window. A delivery runs from its deliver record's Start to the End
-// (or Start, when End is 0) of the ack, nak or term record that settled it:
+// Delivery window. A delivery runs from the pull that brought its row (the
+// deliver record's Fetch; its Start when there is none) to the End (or
+// Start, when End is 0) of the ack, nak or term record that settled it
+// ("fetch to settle": a process waiting on a pull of a unit is pulling it):
 // the first such record that follows it in the same process with the same
 // unit, epoch and row id, preferring the open delivery with the same
 // NumDelivered when the settle record names one, else the oldest open one.

@@ -19,9 +19,11 @@ type delivery struct {
 	action
 	settle *action // the record that closed it; nil if none did
 	acked  bool
-	// windowEnd is the end of its window: the settle's end when it was
-	// settled on NATS (ack, nak, term), else its start.
-	windowEnd int64
+	// windowStart and windowEnd bound its window: from the pull that
+	// brought the row (its start when the record names no pull) to the
+	// settle's end when it was settled on NATS (ack, nak, term); a
+	// delivery never settled has only its start instant.
+	windowStart, windowEnd int64
 }
 
 // evidence is the processes' records, sorted out.
@@ -75,12 +77,15 @@ func (ev *evidence) addProcess(procs []history.Process, pi int) {
 		switch r.Kind {
 		case history.KindDeliver:
 			open[key] = append(open[key], len(ev.deliveries))
-			ev.deliveries = append(ev.deliveries, delivery{action: a, windowEnd: a.start})
+			ev.deliveries = append(ev.deliveries, delivery{action: a, windowStart: a.start, windowEnd: a.start})
 		case history.KindAck, history.KindNak, history.KindTerm:
 			ev.settles = append(ev.settles, a)
 			if di, ok := takeOpen(open, key, r.NumDelivered, ev.deliveries); ok {
 				d := &ev.deliveries[di]
 				d.settle, d.acked, d.windowEnd = &a, r.Kind == history.KindAck, max(a.end, d.start)
+				if f := d.rec.Fetch; f != 0 {
+					d.windowStart = min(f+p.MonoToWall, d.start)
+				}
 			} else {
 				ev.orphans = append(ev.orphans, a)
 			}

@@ -27,6 +27,7 @@ func appendRecord(b []byte, r Record) []byte {
 	b = appendIntField(b, `,"n":`, int64(r.Rows))
 	b = appendStringField(b, `,"x":`, r.Detail)
 	b = strconv.AppendInt(append(b, `,"s":`...), r.Start, 10)
+	b = appendIntField(b, `,"f":`, r.Fetch)
 	b = appendIntField(b, `,"t":`, r.End)
 	b = appendIntField(b, `,"w":`, r.Wall)
 	return append(b, '}')

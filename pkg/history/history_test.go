@@ -332,6 +332,7 @@ func TestAppendRecordMatchesEncodingJSON(t *testing.T) {
 			Rows:          rapid.Int().Draw(t, "rows"),
 			Detail:        s("detail"),
 			Start:         rapid.Int64().Draw(t, "start"),
+			Fetch:         rapid.Int64().Draw(t, "fetch"),
 			End:           rapid.Int64().Draw(t, "end"),
 			Wall:          rapid.Int64().Draw(t, "wall"),
 		}

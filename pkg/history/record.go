@@ -14,8 +14,9 @@ const (
 	// returned.
 	KindFetch Kind = "fetch"
 	// KindDeliver is a row handed to the handler: Start=the instant the SDK's
-	// claim check passed. It is written BEFORE the handler runs, so a process
-	// killed inside its handler still leaves the delivery on record.
+	// claim check passed, Fetch=when the pull that brought it was sent. It
+	// is written BEFORE the handler runs, so a process killed inside its
+	// handler still leaves the delivery on record.
 	KindDeliver Kind = "deliver"
 	// KindAck settles a delivery: Start=the claim check before settling,
 	// End=the settle call returned.
@@ -51,6 +52,7 @@ type Record struct {
 	Rows          int    `json:"n,omitempty"`
 	Detail        string `json:"x,omitempty"` // e.g. a settle error, or a withheld row's reason ("fenced", "released")
 	Start         int64  `json:"s"`           // CLOCK_MONOTONIC nanoseconds
+	Fetch         int64  `json:"f,omitempty"` // deliver records: Start of the pull that brought the row
 	End           int64  `json:"t,omitempty"`
 	Wall          int64  `json:"w,omitempty"` // clock records only: CLOCK_REALTIME ns read at Start
 }
