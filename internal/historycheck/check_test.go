@@ -78,7 +78,7 @@ func TestCheck(t *testing.T) {
 			// b's pull went out at 25, while a still held its row: a
 			// process waiting on a pull of the unit is pulling it.
 			name: "overlap: b's pull began inside a's window (fetch to settle)",
-			in: with(proc(1, newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 50).fetched(21).ack("0.0", 2, "r2", 52, 53))),
+			in:   with(proc(1, newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 50).fetched(21).ack("0.0", 2, "r2", 52, 53))),
 			want: map[string]string{CheckOverlaps: "1", CheckUnitsDoublePulled: "1", CheckStaleDeliveries: "0"},
 		},
 		{
