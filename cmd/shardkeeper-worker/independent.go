@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
 
@@ -67,6 +68,13 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	defer srv.Close()
 
+	rec, err := openHistory(cfg)
+	if err != nil {
+		return err
+	}
+	if rec != nil {
+		defer rec.Close()
+	}
 	layout := natsops.Layout{SubjectPrefix: cfg.subjectPrefix, ConsumerName: cfg.consumerName}
 	log.Info("Independent worker starting", "ordinal", ordinal, "units", len(mine), "topology", topo.String())
 	var wg sync.WaitGroup
@@ -74,7 +82,7 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pullIndependently(ctx, js, pool, layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}), u, cfg)
+			pullIndependently(ctx, js, pool, layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}), u, cfg, rec)
 		}()
 	}
 	wg.Wait()
@@ -103,9 +111,17 @@ func independentUnits(topo ownership.Topology, replicas, ordinal int) ([]ownersh
 
 // pullIndependently takes the unit's pin once at start, then pulls and
 // writes until ctx ends. Nothing checks that another pod still pulls it.
-func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config) {
+// It records its deliveries in the same history as the SDK does (with no
+// claim: epoch 0), so the checker judges both strategies alike.
+func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config, rec *history.FileRecorder) {
 	if s, err := js.Stream(ctx, ref.Stream); err == nil {
 		_ = s.UnpinConsumer(ctx, ref.Name, natsops.PriorityGroup)
+	}
+	record := func(r history.Record) {
+		if rec != nil {
+			r.Unit, r.Member = u.String(), cfg.member
+			rec.Record(r)
+		}
 	}
 	var cons jetstream.Consumer
 	for ctx.Err() == nil {
@@ -117,28 +133,43 @@ func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpoo
 			}
 			cons = c
 		}
+		start := history.Now()
 		batch, err := cons.Fetch(cfg.fetchBatch, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
 		if err != nil {
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
+		rows := 0
 		for msg := range batch.Messages() {
+			rows++
 			row := worker.Row{Unit: u, Headers: msg.Headers()}
 			if md, err := msg.Metadata(); err == nil {
-				row.StreamSeq = md.Sequence.Stream
+				row.StreamSeq, row.NumDelivered = md.Sequence.Stream, md.NumDelivered
 			}
-			if _, err := pool.Exec(ctx, insertUnguarded, rowID(row), u.String(), cfg.member); err == nil {
-				_ = msg.Ack()
+			id := worker.DefaultRowID(row)
+			record(history.Record{Kind: history.KindDeliver, RowID: id, StreamSeq: row.StreamSeq, NumDelivered: row.NumDelivered,
+				Start: history.Now(), Fetch: start})
+			if _, err := pool.Exec(ctx, insertUnguarded, id, u.String(), cfg.member); err != nil {
+				continue
 			}
+			at := history.Now()
+			err := msg.Ack()
+			record(history.Record{Kind: history.KindAck, RowID: id, StreamSeq: row.StreamSeq, NumDelivered: row.NumDelivered,
+				Detail: errDetail(err), Start: at, End: history.Now()})
 		}
+		record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
 	}
 }
 
-// insertUnguarded is the baseline's write: no claim, no epoch.
-const insertUnguarded = `
-INSERT INTO shardkeeper_sink_rows (id, unit, epoch, member) VALUES ($1, $2, 0, $3)
-ON CONFLICT (id) DO UPDATE SET deliveries = shardkeeper_sink_rows.deliveries + 1, member = EXCLUDED.member`
+func errDetail(err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return ""
+}
 
+// insertUnguarded is the baseline's write: no claim, no epoch.
+const insertUnguarded = `INSERT INTO shardkeeper_sink_writes (id, unit, member, epoch) VALUES ($1, $2, $3, 0)`
 // serveIndependentStatus reports the units this worker believes it owns,
 // in the same shape as the sequenced worker's /status.
 func serveIndependentStatus(cfg config, mine []ownership.Unit) (*http.Server, error) {

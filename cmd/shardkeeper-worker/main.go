@@ -15,6 +15,7 @@
 //	--registry-dsn    REGISTRY_DSN            PostgreSQL registry (never logged)
 //	--sink-dsn        SINK_DSN                sink database; default: the registry's
 //	--health-addr     WORKER_HEALTH_ADDR      address of the HTTP endpoints
+//	--history-dir     WORKER_HISTORY_DIR      optional: write a delivery history file there
 package main
 
 import (
@@ -57,6 +58,7 @@ type config struct {
 	registryDSN, sinkDSN        string
 	subjectPrefix, consumerName string
 	healthAddr                  string
+	historyDir                  string
 	drainTimeout                time.Duration
 	fetchBatch                  int
 	verbosity                   int
@@ -88,6 +90,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.subjectPrefix, "subject-prefix", env("SUBJECT_PREFIX", "shardkeeper"), "spec.nats.subjectPrefix (env SUBJECT_PREFIX)")
 	fs.StringVar(&c.consumerName, "consumer-name", env("CONSUMER_NAME", "ingest"), "spec.nats.consumerName (env CONSUMER_NAME)")
 	fs.StringVar(&c.healthAddr, "health-addr", env("WORKER_HEALTH_ADDR", ":8081"), "address of /healthz, /readyz, /status, /metrics (env WORKER_HEALTH_ADDR)")
+	fs.StringVar(&c.historyDir, "history-dir", env("WORKER_HISTORY_DIR", ""), "write a delivery history (one JSON-lines file per process) into this directory (env WORKER_HISTORY_DIR)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "bound on a handover's wait for delivered rows")
 	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity")

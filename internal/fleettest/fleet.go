@@ -62,6 +62,9 @@ type Fleet struct {
 	Registry *poolctl.PG
 	Topology string
 	Layout   natsops.Layout
+	// HistoryDir is where every worker of the fleet writes its delivery
+	// history (one file per process).
+	HistoryDir string
 
 	mu      sync.Mutex
 	workers map[string]*Worker
@@ -100,7 +103,7 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	if o.Topology == "" {
 		o.Topology = "default/fleet"
 	}
-	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}}
+	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}, HistoryDir: t.TempDir()}
 	f.NATS = natstest.StartCluster(t, o.Servers)
 	f.PG = pgtest.New(t)
 	f.DSN = f.PG.NewTestDatabase(t)

@@ -36,6 +36,7 @@ func (f *Fleet) Env(member string) []string {
 		"POD_NAME=" + member,
 		"NATS_URL=" + natstest.UserURL(f.NATS.URLs()[0], natstest.AppUser, natstest.AppPassword),
 		"REGISTRY_DSN=" + f.DSN,
+		"WORKER_HISTORY_DIR=" + f.HistoryDir,
 	}
 }
 
