@@ -170,6 +170,7 @@ func errDetail(err error) string {
 
 // insertUnguarded is the baseline's write: no claim, no epoch.
 const insertUnguarded = `INSERT INTO shardkeeper_sink_writes (id, unit, member, epoch) VALUES ($1, $2, $3, 0)`
+
 // serveIndependentStatus reports the units this worker believes it owns,
 // in the same shape as the sequenced worker's /status.
 func serveIndependentStatus(cfg config, mine []ownership.Unit) (*http.Server, error) {

@@ -46,6 +46,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	s.delay = cfg.handlerDelay
 
 	rec, err := openHistory(cfg)
 	if err != nil {

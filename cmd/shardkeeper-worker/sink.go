@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	
+	"time"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,7 +41,9 @@ SELECT (SELECT count(*) FROM shardkeeper_sink_writes WHERE id = $5) FROM ins`
 
 // sink writes rows into PostgreSQL behind the claim's write guard.
 type sink struct {
-	pool       *pgxpool.Pool
+	pool *pgxpool.Pool
+	// delay is waited before each write (a test knob).
+	delay      time.Duration
 	written    prometheus.Counter
 	duplicates prometheus.Counter
 	refused    prometheus.Counter
@@ -83,6 +86,13 @@ func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer)
 // write is the worker's Handler: ack only after commit; leave a refused
 // (stale) row unsettled for its new owner; nak on a database error.
 func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
+	if s.delay > 0 {
+		select {
+		case <-ctx.Done():
+			return worker.Nak
+		case <-time.After(s.delay):
+		}
+	}
 	args := append(poolctl.GuardArgs(row.Token), worker.DefaultRowID(row))
 	var before int
 	err := s.pool.QueryRow(ctx, insertGuarded, args...).Scan(&before)
