@@ -37,6 +37,9 @@ type parts struct {
 
 func (p *parts) onStop(f func()) { p.stops = append(p.stops, f) }
 
+// historyDir is where the workers write their delivery histories.
+func (p *parts) historyDir() string { return filepath.Join(p.dir, "history") }
+
 func (p *parts) stop() {
 	say("stopping everything the demo started")
 	for i := len(p.stops) - 1; i >= 0; i-- {
@@ -118,7 +121,8 @@ func (p *parts) startKubelet(ctx context.Context) error {
 		Env: func(pod *corev1.Pod) []string {
 			// What the pod spec would take from Secrets in a real cluster.
 			return []string{"SHARDKEEPER_TOPOLOGY=" + namespace + "/ingest", "REGISTRY_DSN=" + p.dsn,
-				"NATS_URL=" + natstest.UserURL(p.nats.URLs()[0], natstest.AppUser, natstest.AppPassword)}
+				"NATS_URL=" + natstest.UserURL(p.nats.URLs()[0], natstest.AppUser, natstest.AppPassword),
+				"WORKER_HISTORY_DIR=" + p.historyDir()}
 		},
 		Output: func(string) io.Writer { return logs },
 	}

@@ -25,8 +25,12 @@ type SinkWrite struct {
 }
 
 // Sink reads every write of the reference workers' sink, in write order.
-func (f *Fleet) Sink(ctx context.Context) ([]SinkWrite, error) {
-	conn, err := pgx.Connect(ctx, f.DSN)
+func (f *Fleet) Sink(ctx context.Context) ([]SinkWrite, error) { return ReadSink(ctx, f.DSN) }
+
+// ReadSink reads every write of the reference workers' sink in the
+// database at dsn, in write order.
+func ReadSink(ctx context.Context, dsn string) ([]SinkWrite, error) {
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}

@@ -11,34 +11,49 @@ import (
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
 
+// Source says where a fleet's evidence is: the workers' history files,
+// the registry (its history) and the sink's database.
+type Source struct {
+	HistoryDir string
+	DSN        string
+	Registry   poolctl.HistoryReader
+	Topology   string
+}
+
 // Evidence gathers what the history checker judges: every worker's
 // delivery history, the registry's claim, lease and epoch history, every
 // sink write and what was published.
 func (f *Fleet) Evidence(ctx context.Context, published map[string]ownership.Unit) (historycheck.Input, error) {
-	procs, err := history.ReadDir(f.HistoryDir)
+	ids := make(map[string]string, len(published))
+	for id, u := range published {
+		ids[id] = u.String()
+	}
+	return Gather(ctx, Source{HistoryDir: f.HistoryDir, DSN: f.DSN, Registry: f.Registry, Topology: f.Topology}, ids)
+}
+
+// Gather reads the evidence at src; published maps row ids to units.
+func Gather(ctx context.Context, src Source, published map[string]string) (historycheck.Input, error) {
+	procs, err := history.ReadDir(src.HistoryDir)
 	if err != nil {
 		return historycheck.Input{}, fmt.Errorf("read delivery histories: %w", err)
 	}
-	in := historycheck.Input{Processes: procs, Published: map[string]string{}}
-	for id, u := range published {
-		in.Published[id] = u.String()
-	}
-	sink, err := f.Sink(ctx)
+	in := historycheck.Input{Processes: procs, Published: published}
+	sink, err := ReadSink(ctx, src.DSN)
 	if err != nil {
 		return in, fmt.Errorf("read sink: %w", err)
 	}
 	for _, w := range sink {
 		in.Sink = append(in.Sink, historycheck.SinkWrite{RowID: w.ID, Unit: w.Unit, Member: w.Member, Epoch: w.Epoch, At: w.WrittenAt})
 	}
-	if err := f.registryEvidence(ctx, &in); err != nil {
+	if err := registryEvidence(ctx, src, &in); err != nil {
 		return in, err
 	}
 	return in, nil
 }
 
 // registryEvidence adds the registry's history to in.
-func (f *Fleet) registryEvidence(ctx context.Context, in *historycheck.Input) error {
-	claims, err := f.Registry.ClaimHistory(ctx, f.Topology)
+func registryEvidence(ctx context.Context, src Source, in *historycheck.Input) error {
+	claims, err := src.Registry.ClaimHistory(ctx, src.Topology)
 	if err != nil {
 		return fmt.Errorf("read claim history: %w", err)
 	}
@@ -46,7 +61,7 @@ func (f *Fleet) registryEvidence(ctx context.Context, in *historycheck.Input) er
 		in.Claims = append(in.Claims, historycheck.ClaimEvent{Unit: c.Unit, Owner: c.Owner, Incarnation: c.Incarnation,
 			Epoch: c.Epoch, State: string(c.State), Under: c.Under, Op: c.Op, At: c.At})
 	}
-	leases, err := f.Registry.LeaseHistory(ctx, f.Topology)
+	leases, err := src.Registry.LeaseHistory(ctx, src.Topology)
 	if err != nil {
 		return fmt.Errorf("read lease history: %w", err)
 	}
@@ -54,7 +69,7 @@ func (f *Fleet) registryEvidence(ctx context.Context, in *historycheck.Input) er
 		in.Leases = append(in.Leases, historycheck.LeaseEvent{Member: l.Member, Incarnation: l.Incarnation, At: l.At,
 			ExpiresAt: l.ExpiresAt, Left: l.Left})
 	}
-	epochs, err := f.Registry.EpochHistory(ctx, f.Topology)
+	epochs, err := src.Registry.EpochHistory(ctx, src.Topology)
 	if err != nil {
 		return fmt.Errorf("read epoch history: %w", err)
 	}
@@ -83,5 +98,3 @@ func (f *Fleet) Verdict(published map[string]ownership.Unit, timeout time.Durati
 	in.NoRegistry = noRegistry
 	return historycheck.Check(in), d, waitErr
 }
-
-var _ poolctl.HistoryReader = (*poolctl.PG)(nil)
