@@ -120,6 +120,8 @@ func (p ConsumerPlacement) Hosts() []string {
 
 // Census is one reading of every relevant server's version.
 type Census struct {
+	// TakenAt is when the first server answered: the oldest evidence the
+	// census holds, so an age computed from it is never understated.
 	TakenAt time.Time `json:"takenAt"`
 	// Floor is the floor the census judged against.
 	Floor string `json:"floor"`
@@ -202,6 +204,8 @@ type censusBuilder struct {
 	floor     Version
 	statsz    map[string]statszReply
 	maxActive int
+	// firstReply is when the first STATSZ reply arrived.
+	firstReply time.Time
 
 	metaPeers map[string]*zReply[jszData] // meta leader name -> its JSZ
 	leafz     map[string]zReply[leafzData]
@@ -215,6 +219,9 @@ func (b *censusBuilder) pingStatsz(ctx context.Context, nc *nats.Conn) error {
 		var r statszReply
 		if err := json.Unmarshal(m.Data, &r); err != nil || r.Server.Name == "" {
 			return false
+		}
+		if b.firstReply.IsZero() {
+			b.firstReply = time.Now()
 		}
 		b.statsz[r.Server.Name] = r
 		b.maxActive = max(b.maxActive, r.Stats.ActiveServers)
@@ -308,7 +315,7 @@ func rolePriority(r Role) int {
 }
 
 func (b *censusBuilder) build() *Census {
-	c := &Census{TakenAt: time.Now(), Floor: b.floor.String(), BelowFloor: []string{}}
+	c := &Census{TakenAt: b.firstReply, Floor: b.floor.String(), BelowFloor: []string{}}
 	expected := map[string]*expectation{}
 	expect := func(name string, role Role, why string) {
 		e := expected[name]
