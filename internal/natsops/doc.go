@@ -30,14 +30,19 @@
 // inspected consumer is listed but not counted: it cannot take part in a
 // RESET.
 //
-// The guard (Census.Allow, Reset, Unpin) issues RESET or UNPIN only when a
+// The guard (Census.Allow) allows RESET or UNPIN of a consumer only when a
 // census younger than a given age shows the consumer's leader, every
 // replica and every cluster member known and at or above the version the
-// operation needs (RESET: the floor and at least 2.14.0; UNPIN: 2.11.0),
-// and the consumer's placement read just before is still covered. A
-// refusal is a *RefusedError naming the blocking servers. This is promise
-// P4 of design.md: a pre-2.14 replica does not know the raft operation
-// RESET replicates, and a 2.12 server panics on it.
+// operation needs (RESET: the floor and at least 2.14.0; UNPIN: 2.11.0). A
+// refusal is a *RefusedError naming the blocking servers. The census's
+// verdict travels to the workers as a ResetVerdict (Census.ResetVerdict:
+// allowed or not, the floor, when the census's first reply came, and every
+// server's version), and GuardedReset is the one way to issue a RESET: at
+// the moment of the RESET it reads the consumer's leader and replicas
+// afresh and issues nothing unless the verdict allows, is young enough,
+// and lists each of them at the version RESET needs. This is promise P4 of
+// design.md: a pre-2.14 replica does not know the raft operation RESET
+// replicates, and a 2.12 server panics on it.
 //
 // natsops does not decide when to provision, retire, reset or unpin (the
 // controllers and the worker SDK do), and it knows nothing of the
