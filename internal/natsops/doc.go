@@ -15,7 +15,9 @@
 // RetireConsumers deletes a unit consumer only once it holds no rows.
 // Where publishers do not pick the shard (AssignByTransform), each stream
 // owns a subject transform from <prefix>.rows.<p>.<key> to
-// <prefix>.ingest.<p>.{{partition(V,1)}}.<key>.
+// <prefix>.ingest.<p>.{{partition(V,1)}}.<key>, where V is the layout's
+// TransformShards when set: a new shape's consumers are provisioned while
+// rows are still routed over the active shape's V.
 //
 // The census (TakeCensus) reads every server's version through the system
 // account: STATSZ pinged to all servers until as many answer as they say

@@ -55,8 +55,9 @@ type Report struct {
 // streams.
 //
 // Under AssignByTransform, Provision also sets each stream's subject
-// transform, so calling it with a new shard count re-routes new rows at
-// once: call it with the target layout when that routing should start.
+// transform to route over RoutedShards, which re-routes new rows at once:
+// provision a new shape with TransformShards set to the active shape's V
+// while the new shape is not active, and without it once it is.
 func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
