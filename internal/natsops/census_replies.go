@@ -86,8 +86,10 @@ type jszData struct {
 }
 
 type consumerInfo struct {
-	Stream  string `json:"stream_name"`
-	Name    string `json:"name"`
+	Stream        string `json:"stream_name"`
+	Name          string `json:"name"`
+	NumPending    uint64 `json:"num_pending"`
+	NumAckPending int    `json:"num_ack_pending"`
 	Cluster *struct {
 		Name     string     `json:"name"`
 		Leader   string     `json:"leader"`

@@ -151,3 +151,30 @@ func TestCensusTakenAtIsTheFirstReplyNotTheEndOfTheWait(t *testing.T) {
 			census.TakenAt.Sub(before), after.Sub(before))
 	}
 }
+
+// The census reads each inspected consumer's pending and unacknowledged
+// rows from the JSZ replies it already collects, so the operator can tell
+// a unit whose rows wait from one that is simply idle.
+func TestCensusReportsEachConsumersPendingRows(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	nc := c.Connect(-1)
+	l := testLayout(1, 2, 3)
+	mustProvision(t, nc, l)
+	js := mustJetStream(t, nc)
+	publishShard(t, js, l, 0, 1, 3)
+	fetchNoAck(t, js, l, 0, 1, 1)
+
+	var census *Census
+	eventually(t, 10*time.Second, "the census to count 2 pending and 1 unacknowledged row of unit 0.1", func() bool {
+		var err error
+		census, err = TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(0), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := census.Consumer(l.StreamName(0), l.ConsumerDurable(0, 1))
+		return p.Pending == 2 && p.AckPending == 1
+	})
+	if p, _ := census.Consumer(l.StreamName(0), l.ConsumerDurable(0, 0)); p.Pending != 0 || p.AckPending != 0 {
+		t.Fatalf("unit 0.0 %+v, want nothing pending", p)
+	}
+}

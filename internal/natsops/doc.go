@@ -23,7 +23,8 @@
 // account: STATSZ pinged to all servers until as many answer as they say
 // exist (active_servers), the meta leaders' JSZ for their peers, every
 // server's LEAFZ for leafnode hubs and spokes, and every server's JSZ for
-// the leader and replicas of the unit consumers. It fails closed: a server
+// the leader and replicas of the unit consumers, with each consumer's
+// pending and unacknowledged rows as its leader reports them. It fails closed: a server
 // that should answer and does not (a meta or route peer, a consumer host,
 // a leafnode hub, a server counted by active_servers) is listed with
 // version "unknown" and is below the floor, and so is a version that does
