@@ -90,7 +90,7 @@ type consumerInfo struct {
 	Name          string `json:"name"`
 	NumPending    uint64 `json:"num_pending"`
 	NumAckPending int    `json:"num_ack_pending"`
-	Cluster *struct {
+	Cluster       *struct {
 		Name     string     `json:"name"`
 		Leader   string     `json:"leader"`
 		Replicas []peerInfo `json:"replicas"`
