@@ -77,6 +77,17 @@ func (l Layout) RoutedShards() int {
 	return l.Shards
 }
 
+// consumerShards is how many unit consumers Provision keeps on each
+// stream: every shard of the shape and, under a transform, every shard
+// the transform routes to, so no routed row lands where no consumer reads
+// it. Those beyond Shards are orphans, retired once drained.
+func (l Layout) consumerShards() int {
+	if l.Assignment == AssignByTransform {
+		return max(l.Shards, l.RoutedShards())
+	}
+	return l.Shards
+}
+
 var (
 	prefixRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 	consumerRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$`)

@@ -337,6 +337,16 @@ func TestTransformShardsKeepRowsOnTheActiveShardsUntilTheTransformMoves(t *testi
 	if after[2] == 0 || after[3] == 0 {
 		t.Fatalf("pending per shard %v after the transform moved: want the new rows over all 4 shards", after)
 	}
+
+	// A shape with fewer shards than the transform routes over (a new
+	// partition while V shrinks) still gets a consumer for every routed
+	// shard; those beyond the shape are orphans.
+	narrow := testLayout(1, 2, 1)
+	narrow.Assignment, narrow.TransformShards = AssignByTransform, 4
+	rep = mustProvision(t, nc, narrow)
+	if len(rep.Created) != 5 || !slices.Equal(rep.Orphans, []Unit{{0, 2}, {0, 3}}) {
+		t.Fatalf("report %+v: want the stream and 4 consumers created, shards 2 and 3 reported as orphans", rep)
+	}
 }
 
 func TestStreamDriftAddsSubjectsButNeverRemovesThem(t *testing.T) {
