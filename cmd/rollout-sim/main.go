@@ -5,12 +5,27 @@
 // how many by two or more; the model and what is counted are described in
 // package internal/ownership/rolloutsim.
 //
-//	go run ./cmd/rollout-sim --partitions 4 --from-shards 8 --to-shards 16 --members 4
+// --membership says which slots independent workers place over. fixed (the
+// default) is the fixed slot set 0..members-1, each pod with its own N and
+// V: the baseline's definition, "capped rendezvous over a fixed slot set",
+// and what cmd/shardkeeper-worker --strategy independent does, so it is
+// the fair one. live places over the slots each pod sees running, as
+// --views says; it reshuffles at every restart, which no fixed-replica
+// fleet does, and is kept to compare with earlier figures.
+//
+//	go run ./cmd/rollout-sim --membership fixed --partitions 4 --from-shards 8 --to-shards 16 --members 4
 //	go run ./cmd/rollout-sim --sweep --cases 300 --seed 1
 //
-// The last line is always
+// A single replay prints the step table of the chosen membership, then
 //
 //	max multiply-owned: independent=X sequenced=Y; unowned unit-steps: independent=A sequenced=B
+//
+// and ends with the figures over the whole roll as a field report counts
+// them (distinct units pulled by two or more pods at some step, and by
+// nobody at a step where every pod ran) for sequenced and for independent
+// under live (stale and fresh views) and fixed membership, and a last line
+// naming the membership that matches the baseline's definition. A sweep
+// ends with the max multiply-owned line.
 //
 // It exits 1 when sequenced ever has a multiply-owned unit or a step breaks
 // a promise, and 2 on bad flags.
@@ -52,7 +67,7 @@ type options struct {
 	fromShards, toShards     int
 	members                  int
 	order                    string
-	views                    string
+	membership, views        string
 	sweep                    bool
 	cases                    int
 	seed                     uint64
@@ -67,7 +82,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.toShards, "to-shards", 16, "V after the change")
 	fs.IntVar(&o.members, "members", 4, "worker pods (ordinals 0..members-1)")
 	fs.StringVar(&o.order, "order", "", "restart order as ordinals, e.g. 3,1,2,0 (default: highest first)")
-	fs.StringVar(&o.views, "views", string(rolloutsim.Stale), "how independent workers see membership: stale (one step late) or fresh")
+	fs.StringVar(&o.membership, "membership", string(rolloutsim.Fixed), "slots independent workers place over: fixed (0..members-1, the baseline's definition) or live (the members each sees running)")
+	fs.StringVar(&o.views, "views", string(rolloutsim.Stale), "with --membership live, how independent workers see membership: stale (one step late) or fresh")
 	fs.BoolVar(&o.sweep, "sweep", false, "replay random cases and print the sweep's summary")
 	fs.IntVar(&o.cases, "cases", 300, "cases in a sweep")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of a sweep's random cases")
@@ -88,12 +104,12 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if o.sweep {
-		return runSweep(o, out)
-	}
 	sc, err := scenario(o)
 	if err != nil {
 		return err
+	}
+	if o.sweep {
+		return runSweep(o, sc, out)
 	}
 	return runOne(sc, out)
 }
@@ -104,11 +120,12 @@ func scenario(o options) (rolloutsim.Scenario, error) {
 		return rolloutsim.Scenario{}, err
 	}
 	sc := rolloutsim.Scenario{
-		From:    ownership.Topology{Partitions: o.partitions, Shards: o.fromShards},
-		To:      ownership.Topology{Partitions: o.toPartitions, Shards: o.toShards},
-		Members: o.members,
-		Order:   order,
-		Views:   rolloutsim.Views(o.views),
+		From:       ownership.Topology{Partitions: o.partitions, Shards: o.fromShards},
+		To:         ownership.Topology{Partitions: o.toPartitions, Shards: o.toShards},
+		Members:    o.members,
+		Order:      order,
+		Membership: rolloutsim.Membership(o.membership),
+		Views:      rolloutsim.Views(o.views),
 	}
 	return sc, sc.Validate()
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/ownership/rolloutsim"
 )
 
@@ -17,12 +18,8 @@ func runOne(sc rolloutsim.Scenario, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	views := sc.Views
-	if views == "" {
-		views = rolloutsim.Stale
-	}
-	fmt.Fprintf(out, "rollout-sim: %s -> %s, %d members, restart order %s, independent views %s\n",
-		sc.From, sc.To, sc.Members, strings.Join(podNames(sc.RestartOrder()), " "), views)
+	fmt.Fprintf(out, "rollout-sim: %s -> %s, %d members, restart order %s, independent %s\n",
+		sc.From, sc.To, sc.Members, strings.Join(podNames(sc.RestartOrder()), " "), describeModel(sc))
 	fmt.Fprintln(out, "counted: units that carry rows (publishers' topology, plus old units not yet retired)")
 	fmt.Fprintln(out)
 	printTable(out, ind, seq)
@@ -33,10 +30,72 @@ func runOne(sc rolloutsim.Scenario, out io.Writer) error {
 	fmt.Fprintf(out, "stranded unit-steps (unowned, no planned claim): independent=%d sequenced=%d\n",
 		ind.StrandedUnitSteps(), seq.StrandedUnitSteps())
 	printSummary(out, ind.MaxMulti(), seq.MaxMulti(), ind.UnownedUnitSteps(), seq.UnownedUnitSteps())
+	fmt.Fprintln(out)
+	if err := printFigures(out, sc, seq); err != nil {
+		return err
+	}
 	if seq.MaxMulti() > 0 || len(seq.Violations) > 0 {
 		return errSequencedBroken
 	}
 	return nil
+}
+
+// models are the independent models the figures compare, the baseline's
+// definition last.
+var models = []struct {
+	membership rolloutsim.Membership
+	views      rolloutsim.Views
+}{{rolloutsim.Live, rolloutsim.Stale}, {rolloutsim.Live, rolloutsim.Fresh}, {rolloutsim.Fixed, ""}}
+
+// printFigures prints the figures over the whole roll for sequenced and for
+// every independent model, whichever one the table showed, and ends with
+// the line naming the model that matches the baseline's definition.
+func printFigures(out io.Writer, sc rolloutsim.Scenario, seq rolloutsim.Run) error {
+	fmt.Fprintln(out, "figures over the whole roll, counted as a field report counts them, in distinct units:")
+	fmt.Fprintln(out, "  pulled by two = pulled by two or more pods at some step; pulled by nobody = pulled by nobody at a step where every pod ran")
+	fmt.Fprintln(out, "  (in brackets: the most at one step; for pulled by nobody, restart windows included)")
+	fmt.Fprintf(out, "sequenced: %s (every unowned unit waiting on a planned claim)\n", figures(seq.Figures()))
+	for _, m := range models {
+		msc := sc
+		msc.Membership, msc.Views = m.membership, m.views
+		ind, err := rolloutsim.Independent(msc)
+		if err != nil {
+			return fmt.Errorf("independent %s: %w", describeModel(msc), err)
+		}
+		fmt.Fprintf(out, "independent %s: %s\n", describeModel(msc), figures(ind.Figures()))
+	}
+	fmt.Fprintf(out, "the baseline's definition, capped rendezvous over a fixed slot set (cmd/shardkeeper-worker --strategy independent), is membership %s; membership %s is not it\n",
+		rolloutsim.Fixed, rolloutsim.Live)
+	return nil
+}
+
+// describeModel names an independent model and says whether it is the
+// baseline's definition.
+func describeModel(sc rolloutsim.Scenario) string {
+	m, v := sc.Model()
+	if m == rolloutsim.Fixed {
+		return fmt.Sprintf("membership fixed (capped rendezvous over the fixed slot set 0..%d: the baseline's definition)", sc.Members-1)
+	}
+	return fmt.Sprintf("membership live, views %s (capped rendezvous over the slots each pod sees running: not the baseline's definition)", v)
+}
+
+func figures(f rolloutsim.Figures) string {
+	return fmt.Sprintf("pulled by two %d%s (most at one step %d); pulled by nobody %d%s (with restart windows %d, most at one step %d)",
+		len(f.DoublePulled), unitList(f.DoublePulled), f.MaxMulti, len(f.PulledByNobody), unitList(f.PulledByNobody), f.PulledByNobodyAny, f.MaxUnowned)
+}
+
+// maxListed is the most units a figure names; beyond, only the count.
+const maxListed = 12
+
+func unitList(us []ownership.Unit) string {
+	if len(us) == 0 || len(us) > maxListed {
+		return ""
+	}
+	names := make([]string, len(us))
+	for i, u := range us {
+		names[i] = u.String()
+	}
+	return " [" + strings.Join(names, " ") + "]"
 }
 
 // printTable prints both runs side by side, row i of each on line i. The
@@ -68,13 +127,14 @@ func eventWidth(r rolloutsim.Run, title string) int {
 	return w
 }
 
-func runSweep(o options, out io.Writer) error {
-	sum, err := rolloutsim.Sweep(o.cases, o.seed, rolloutsim.Views(o.views))
+func runSweep(o options, sc rolloutsim.Scenario, out io.Writer) error {
+	m, v := sc.Model()
+	sum, err := rolloutsim.Sweep(o.cases, o.seed, m, v)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "sweep: %d cases, seed %d, independent views %s: N 1..8, V 1..64 -> another V in 1..64, members 1..12, random restart orders\n",
-		sum.Cases, sum.Seed, o.views)
+	fmt.Fprintf(out, "sweep: %d cases, seed %d, independent %s: N 1..8, V 1..64 -> another V in 1..64, members 1..12, random restart orders\n",
+		sum.Cases, sum.Seed, sweepModel(m, v))
 	s, i := sum.Sequenced, sum.Independent
 	fmt.Fprintf(out, "sequenced:   multiply-owned in %d/%d cases (max %d), promise violations %d, stranded unit-steps %d\n",
 		s.CasesWithMulti, sum.Cases, s.MaxMulti, s.Violations, s.StrandedUnitSteps)
@@ -98,4 +158,13 @@ func podNames(ordinals []int) []string {
 		out[i] = rolloutsim.PodName(o)
 	}
 	return out
+}
+
+// sweepModel names the sweep's independent model; fleet sizes vary, so no
+// slot set is named.
+func sweepModel(m rolloutsim.Membership, v rolloutsim.Views) string {
+	if m == rolloutsim.Fixed {
+		return "membership fixed (slots 0..members-1: the baseline's definition)"
+	}
+	return fmt.Sprintf("membership live, views %s", v)
 }

@@ -18,30 +18,31 @@ import (
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
 
 // runIndependent is the baseline the end-to-end test compares against:
-// what fleets commonly do today. The worker owns the units whose flat index
-// p*V+s modulo the replica count equals its ordinal, with the N, V and
-// replica count it was started with, and pulls them with no registry, no
-// claims and no fencing. A pod restart with a new N or V is the only way a
-// change reaches it, and while old and new pods run side by side they
-// disagree about most units. It exists to be measured, not used.
+// what a fleet with a fixed replica count does when it hashes on its own.
+// The worker places the units of the N and V it was started with by capped
+// rendezvous (ownership.Place, the project's own hash, so the comparison is
+// about sequencing and not about hash quality) over the fixed slots
+// 0..replicas-1, and pulls the units on its slot, its StatefulSet ordinal
+// (independentUnits). It has no registry, no claims and no fencing: it
+// UNPINs each unit's consumer once at start, pulls, and writes unguarded.
+// A pod restart with a new N or V is the only way a change reaches it;
+// while old and new pods run side by side they disagree on the units whose
+// slot differs between the two placements, which are then pulled by two
+// pods or by none. It exists to be measured, not used.
 func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	ordinal, err := podOrdinal(cfg.member)
 	if err != nil {
 		return err
 	}
 	topo := ownership.Topology{Partitions: cfg.partitions, Shards: cfg.shards}
-	if err := topo.Validate(); err != nil {
-		return fmt.Errorf("%w: --partitions/--shards: %v", errBadFlag, err)
-	}
-	var mine []ownership.Unit
-	for i, u := range topo.Units() {
-		if i%cfg.replicas == ordinal {
-			mine = append(mine, u)
-		}
+	mine, err := independentUnits(topo, cfg.replicas, ordinal)
+	if err != nil {
+		return err
 	}
 
 	nc, err := connectNATS(cfg)
@@ -67,6 +68,13 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	defer srv.Close()
 
+	rec, err := openHistory(cfg)
+	if err != nil {
+		return err
+	}
+	if rec != nil {
+		defer rec.Close()
+	}
 	layout := natsops.Layout{SubjectPrefix: cfg.subjectPrefix, ConsumerName: cfg.consumerName}
 	log.Info("Independent worker starting", "ordinal", ordinal, "units", len(mine), "topology", topo.String())
 	var wg sync.WaitGroup
@@ -74,18 +82,46 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pullIndependently(ctx, js, pool, layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}), u, cfg)
+			pullIndependently(ctx, js, pool, layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}), u, cfg, rec)
 		}()
 	}
 	wg.Wait()
 	return nil
 }
 
+// independentUnits returns the units the pod with this ordinal pulls under
+// the baseline: those capped rendezvous puts on slot ordinal when topo's
+// units are placed over the fixed slots 0..replicas-1. The slot set is the
+// replica count, not the pods seen alive, because a fleet that hashes on
+// its own knows only its configuration; every pod of one configuration
+// computes the same placement, so together they pull every unit once.
+func independentUnits(topo ownership.Topology, replicas, ordinal int) ([]ownership.Unit, error) {
+	if err := topo.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: --partitions/--shards: %w", errBadFlag, err)
+	}
+	if replicas < 1 || ordinal < 0 || ordinal >= replicas {
+		return nil, fmt.Errorf("%w: ordinal %d is not one of the fixed slots 0..%d (--replicas %d)", errBadFlag, ordinal, replicas-1, replicas)
+	}
+	slots := make([]ownership.Slot, replicas)
+	for i := range slots {
+		slots[i] = ownership.Slot(i)
+	}
+	return ownership.Place(topo.Units(), slots).UnitsOf(ownership.Slot(ordinal)), nil
+}
+
 // pullIndependently takes the unit's pin once at start, then pulls and
 // writes until ctx ends. Nothing checks that another pod still pulls it.
-func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config) {
+// It records its deliveries in the same history as the SDK does (with no
+// claim: epoch 0), so the checker judges both strategies alike.
+func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config, rec *history.FileRecorder) {
 	if s, err := js.Stream(ctx, ref.Stream); err == nil {
 		_ = s.UnpinConsumer(ctx, ref.Name, natsops.PriorityGroup)
+	}
+	record := func(r history.Record) {
+		if rec != nil {
+			r.Unit, r.Member = u.String(), cfg.member
+			rec.Record(r)
+		}
 	}
 	var cons jetstream.Consumer
 	for ctx.Err() == nil {
@@ -97,27 +133,43 @@ func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpoo
 			}
 			cons = c
 		}
+		start := history.Now()
 		batch, err := cons.Fetch(cfg.fetchBatch, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
 		if err != nil {
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
+		rows := 0
 		for msg := range batch.Messages() {
+			rows++
 			row := worker.Row{Unit: u, Headers: msg.Headers()}
 			if md, err := msg.Metadata(); err == nil {
-				row.StreamSeq = md.Sequence.Stream
+				row.StreamSeq, row.NumDelivered = md.Sequence.Stream, md.NumDelivered
 			}
-			if _, err := pool.Exec(ctx, insertUnguarded, rowID(row), u.String(), cfg.member); err == nil {
-				_ = msg.Ack()
+			id := worker.DefaultRowID(row)
+			record(history.Record{Kind: history.KindDeliver, RowID: id, StreamSeq: row.StreamSeq, NumDelivered: row.NumDelivered,
+				Start: history.Now(), Fetch: start})
+			if _, err := pool.Exec(ctx, insertUnguarded, id, u.String(), cfg.member); err != nil {
+				continue
 			}
+			at := history.Now()
+			err := msg.Ack()
+			record(history.Record{Kind: history.KindAck, RowID: id, StreamSeq: row.StreamSeq, NumDelivered: row.NumDelivered,
+				Detail: errDetail(err), Start: at, End: history.Now()})
 		}
+		record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
 	}
 }
 
+func errDetail(err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
 // insertUnguarded is the baseline's write: no claim, no epoch.
-const insertUnguarded = `
-INSERT INTO shardkeeper_sink_rows (id, unit, epoch, member) VALUES ($1, $2, 0, $3)
-ON CONFLICT (id) DO UPDATE SET deliveries = shardkeeper_sink_rows.deliveries + 1, member = EXCLUDED.member`
+const insertUnguarded = `INSERT INTO shardkeeper_sink_writes (id, unit, member, epoch) VALUES ($1, $2, $3, 0)`
 
 // serveIndependentStatus reports the units this worker believes it owns,
 // in the same shape as the sequenced worker's /status.

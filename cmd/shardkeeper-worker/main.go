@@ -15,6 +15,7 @@
 //	--registry-dsn    REGISTRY_DSN            PostgreSQL registry (never logged)
 //	--sink-dsn        SINK_DSN                sink database; default: the registry's
 //	--health-addr     WORKER_HEALTH_ADDR      address of the HTTP endpoints
+//	--history-dir     WORKER_HISTORY_DIR      optional: write a delivery history file there
 package main
 
 import (
@@ -57,11 +58,16 @@ type config struct {
 	registryDSN, sinkDSN        string
 	subjectPrefix, consumerName string
 	healthAddr                  string
+	historyDir                  string
 	drainTimeout                time.Duration
-	fetchBatch                  int
-	verbosity                   int
+	// handlerDelay is a test knob: the sink waits this long before each
+	// write, like a slow database, so tests can catch rows in flight.
+	handlerDelay time.Duration
+	fetchBatch   int
+	verbosity    int
 	// strategy is "sequenced" (the registry protocol) or "independent"
-	// (the baseline: partitions x shards over replicas, fixed at start).
+	// (the baseline: capped rendezvous of partitions x shards over the
+	// fixed slots 0..replicas-1, fixed at start).
 	strategy                     string
 	partitions, shards, replicas int
 }
@@ -87,8 +93,10 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.subjectPrefix, "subject-prefix", env("SUBJECT_PREFIX", "shardkeeper"), "spec.nats.subjectPrefix (env SUBJECT_PREFIX)")
 	fs.StringVar(&c.consumerName, "consumer-name", env("CONSUMER_NAME", "ingest"), "spec.nats.consumerName (env CONSUMER_NAME)")
 	fs.StringVar(&c.healthAddr, "health-addr", env("WORKER_HEALTH_ADDR", ":8081"), "address of /healthz, /readyz, /status, /metrics (env WORKER_HEALTH_ADDR)")
+	fs.StringVar(&c.historyDir, "history-dir", env("WORKER_HISTORY_DIR", ""), "write a delivery history (one JSON-lines file per process) into this directory (env WORKER_HISTORY_DIR)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "bound on a handover's wait for delivered rows")
 	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
+	fs.DurationVar(&c.handlerDelay, "handler-delay", envDuration(getenv, "WORKER_HANDLER_DELAY"), "test knob: wait this long before each sink write, like a slow sink (env WORKER_HANDLER_DELAY)")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity")
 	fs.StringVar(&c.strategy, "strategy", env("WORKER_STRATEGY", "sequenced"), "sequenced, or independent (a baseline for comparison) (env WORKER_STRATEGY)")
 	fs.IntVar(&c.partitions, "partitions", envInt(getenv, "PARTITIONS"), "independent strategy only: N (env PARTITIONS)")
@@ -119,6 +127,12 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 		}
 	}
 	return c, errors.Join(errs...)
+}
+
+// envDuration reads a duration environment variable, 0 when unset or bad.
+func envDuration(getenv func(string) string, name string) time.Duration {
+	d, _ := time.ParseDuration(getenv(name))
+	return d
 }
 
 // envInt reads an integer environment variable, 0 when unset or bad (the

@@ -93,7 +93,7 @@ func TestSinkWritesOnlyUnderAValidClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := func(id string) worker.Row {
-		return worker.Row{Unit: ownership.Unit{}, Token: c.Token, Headers: map[string][]string{RowIDHeader: {id}}}
+		return worker.Row{Unit: ownership.Unit{}, Token: c.Token, Headers: map[string][]string{worker.RowIDHeader: {id}}}
 	}
 
 	if got := s.write(ctx, row("a")); got != worker.Ack {
@@ -109,7 +109,12 @@ func TestSinkWritesOnlyUnderAValidClaim(t *testing.T) {
 		t.Fatalf("write after release: %s, want abandon (refused by the guard)", got)
 	}
 	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM shardkeeper_sink_rows WHERE id = 'b'`).Scan(&n); err != nil || n != 0 {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM shardkeeper_sink_writes WHERE id = 'b'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("stale write landed: %d rows (err %v)", n, err)
+	}
+	// The sink keeps every write, the duplicate too, with who wrote it.
+	var writes, members int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT member) FROM shardkeeper_sink_writes WHERE id = 'a'`).Scan(&writes, &members); err != nil || writes != 2 || members != 1 {
+		t.Fatalf("row a: %d writes by %d members (err %v), want 2 by 1", writes, members, err)
 	}
 }

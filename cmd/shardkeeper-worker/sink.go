@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,34 +14,36 @@ import (
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
 
-// RowIDHeader carries a row's unique id; without it the row's stream and
-// sequence stand in.
-const RowIDHeader = "Nats-Msg-Id"
-
-// sinkSchema is the table rows land in. deliveries counts how often a row
-// was written, so duplicates (at-least-once redeliveries) are visible.
+// sinkSchema is the table rows land in. It is append-only: every write is
+// kept, duplicates (at-least-once redeliveries) included, with the member
+// and fencing epoch that wrote it and when (the database's wall clock), so
+// the history checker can tell a redelivery from a stale duplicate.
 const sinkSchema = `
-CREATE TABLE IF NOT EXISTS shardkeeper_sink_rows (
-	id          text PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS shardkeeper_sink_writes (
+	seq         bigserial PRIMARY KEY,
+	id          text NOT NULL,
 	unit        text NOT NULL,
-	epoch       bigint NOT NULL,
 	member      text NOT NULL,
-	deliveries  integer NOT NULL DEFAULT 1,
-	written_at  timestamptz NOT NULL DEFAULT now()
-)`
+	epoch       bigint NOT NULL,
+	written_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS shardkeeper_sink_writes_id ON shardkeeper_sink_writes (id)`
 
 // insertGuarded writes only while the token is valid (poolctl.GuardSQL
-// locks the claim row until commit, so an adoption waits for it).
+// locks the claim row until commit, so an adoption waits for it), and
+// returns how many writes of the row were there before.
 const insertGuarded = `
-INSERT INTO shardkeeper_sink_rows (id, unit, epoch, member)
-SELECT $5, $2, $4, $3 WHERE ` + poolctl.GuardSQL + `
-ON CONFLICT (id) DO UPDATE SET deliveries = shardkeeper_sink_rows.deliveries + 1,
-	epoch = EXCLUDED.epoch, member = EXCLUDED.member
-RETURNING deliveries`
+WITH ins AS (
+	INSERT INTO shardkeeper_sink_writes (id, unit, member, epoch)
+	SELECT $5, $2, $3, $4 WHERE ` + poolctl.GuardSQL + `
+	RETURNING 1)
+SELECT (SELECT count(*) FROM shardkeeper_sink_writes WHERE id = $5) FROM ins`
 
 // sink writes rows into PostgreSQL behind the claim's write guard.
 type sink struct {
-	pool       *pgxpool.Pool
+	pool *pgxpool.Pool
+	// delay is waited before each write (a test knob).
+	delay      time.Duration
 	written    prometheus.Counter
 	duplicates prometheus.Counter
 	refused    prometheus.Counter
@@ -71,7 +73,7 @@ func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer)
 	s := &sink{
 		pool: pool,
 		written: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_written_total",
-			Help: "Rows written to the sink (first deliveries)."}),
+			Help: "Rows written to the sink for the first time."}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_duplicate_total",
 			Help: "Rows written again: redeliveries the sink absorbed."}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_refused_total",
@@ -84,12 +86,18 @@ func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer)
 // write is the worker's Handler: ack only after commit; leave a refused
 // (stale) row unsettled for its new owner; nak on a database error.
 func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
-	id := rowID(row)
-	args := append(poolctl.GuardArgs(row.Token), id)
-	var deliveries int
-	err := s.pool.QueryRow(ctx, insertGuarded, args...).Scan(&deliveries)
+	if s.delay > 0 {
+		select {
+		case <-ctx.Done():
+			return worker.Nak
+		case <-time.After(s.delay):
+		}
+	}
+	args := append(poolctl.GuardArgs(row.Token), worker.DefaultRowID(row))
+	var before int
+	err := s.pool.QueryRow(ctx, insertGuarded, args...).Scan(&before)
 	switch {
-	case err == nil && deliveries == 1:
+	case err == nil && before == 0:
 		s.written.Inc()
 		return worker.Ack
 	case err == nil:
@@ -101,13 +109,6 @@ func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
 	default:
 		return worker.Nak
 	}
-}
-
-func rowID(row worker.Row) string {
-	if ids := row.Headers[RowIDHeader]; len(ids) > 0 && ids[0] != "" {
-		return ids[0]
-	}
-	return row.Unit.String() + "@" + strconv.FormatUint(row.StreamSeq, 10)
 }
 
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

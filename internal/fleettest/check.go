@@ -14,35 +14,32 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
-// SinkRow is one row as the reference worker wrote it.
-type SinkRow struct {
-	ID         string
-	Unit       string
-	Member     string
-	Deliveries int
-	WrittenAt  time.Time
+// SinkWrite is one write of a row as the reference worker's append-only
+// sink recorded it.
+type SinkWrite struct {
+	ID        string
+	Unit      string
+	Member    string
+	Epoch     int64
+	WrittenAt time.Time
 }
 
-// Sink reads the reference workers' sink table.
-func (f *Fleet) Sink(ctx context.Context) (map[string]SinkRow, error) {
+// Sink reads every write of the reference workers' sink, in write order.
+func (f *Fleet) Sink(ctx context.Context) ([]SinkWrite, error) {
 	conn, err := pgx.Connect(ctx, f.DSN)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT id, unit, member, deliveries, written_at FROM shardkeeper_sink_rows`)
+	rows, err := conn.Query(ctx, `SELECT id, unit, member, epoch, written_at FROM shardkeeper_sink_writes ORDER BY seq`)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]SinkRow{}
-	for rows.Next() {
-		var r SinkRow
-		if err := rows.Scan(&r.ID, &r.Unit, &r.Member, &r.Deliveries, &r.WrittenAt); err != nil {
-			return nil, err
-		}
-		out[r.ID] = r
-	}
-	return out, rows.Err()
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SinkWrite, error) {
+		var w SinkWrite
+		err := r.Scan(&w.ID, &w.Unit, &w.Member, &w.Epoch, &w.WrittenAt)
+		return w, err
+	})
 }
 
 // Delivery sums up what reached the sink.
@@ -86,30 +83,42 @@ func (f *Fleet) WaitDelivered(published map[string]ownership.Unit, timeout time.
 		if err != nil {
 			return Delivery{}, err
 		}
-		d := summarize(published, sink)
+		d, missing := summarize(published, sink)
 		if d.Missing == 0 {
 			return d, nil
 		}
 		if time.Now().After(deadline) {
-			return d, fmt.Errorf("%d of %d published rows never reached the sink, e.g. %s",
-				d.Missing, d.Published, firstMissing(published, sink))
+			return d, fmt.Errorf("%d of %d published rows never reached the sink, e.g. %s (unit %s)",
+				d.Missing, d.Published, missing, published[missing])
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
-func summarize(published map[string]ownership.Unit, sink map[string]SinkRow) Delivery {
+// summarize counts published rows found in the sink, and returns the
+// first missing id.
+func summarize(published map[string]ownership.Unit, sink []SinkWrite) (Delivery, string) {
 	d := Delivery{Published: len(published), MaxGap: map[string]time.Duration{}, Written: map[string][]time.Time{}}
+	first := map[string]SinkWrite{}
+	writes := map[string]int{}
+	for _, w := range sink {
+		writes[w.ID]++
+		if f, ok := first[w.ID]; !ok || w.WrittenAt.Before(f.WrittenAt) {
+			first[w.ID] = w
+		}
+	}
 	byUnit := map[string][]time.Time{}
+	var missing []string
 	for id := range published {
-		r, ok := sink[id]
+		w, ok := first[id]
 		if !ok {
 			d.Missing++
+			missing = append(missing, id)
 			continue
 		}
 		d.Delivered++
-		d.Duplicates += r.Deliveries - 1
-		byUnit[r.Unit] = append(byUnit[r.Unit], r.WrittenAt)
+		d.Duplicates += writes[id] - 1
+		byUnit[w.Unit] = append(byUnit[w.Unit], w.WrittenAt)
 	}
 	for u, ts := range byUnit {
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
@@ -118,26 +127,19 @@ func summarize(published map[string]ownership.Unit, sink map[string]SinkRow) Del
 			d.MaxGap[u] = max(d.MaxGap[u], ts[i].Sub(ts[i-1]))
 		}
 	}
-	return d
-}
-
-func firstMissing(published map[string]ownership.Unit, sink map[string]SinkRow) string {
-	var ids []string
-	for id := range published {
-		if _, ok := sink[id]; !ok {
-			ids = append(ids, id)
-		}
+	sort.Strings(missing)
+	if len(missing) == 0 {
+		return d, ""
 	}
-	sort.Strings(ids)
-	if len(ids) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("%s (unit %s)", ids[0], published[ids[0]])
+	return d, missing[0]
 }
 
 // Monitor samples every running worker's own account of what it holds and
-// counts units that two unfenced workers claim at the same sample (P1) and
-// units of the active topology nobody delivers.
+// counts units that two unfenced workers claim at the same sample and units
+// of the active topology nobody delivers. It is a live view only: what
+// workers say is not evidence (the history checker judges P1 from what
+// they did). A sample in which some worker did not answer is skipped for
+// the unowned count: an unreachable worker is not known to hold nothing.
 type Monitor struct {
 	targets func() map[string]string
 	stop    chan struct{}
@@ -155,7 +157,9 @@ type Monitor struct {
 
 // MonitorResult is what a Monitor saw.
 type MonitorResult struct {
-	Samples int
+	// Samples counts samples taken; Skipped counts those in which at least
+	// one worker did not answer (left out of the unowned count).
+	Samples, Skipped int
 	// MaxMultiplyOwned is the most units held by two or more unfenced
 	// workers in one sample; MultiplyOwnedInstants sums them over samples.
 	MaxMultiplyOwned, MultiplyOwnedInstants int
@@ -257,6 +261,7 @@ func (m *Monitor) sample() {
 	defer cancel()
 	before := m.owners(ctx)
 	holders := map[string][]string{}
+	unreachable := 0
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for name, addr := range m.targets() {
@@ -264,8 +269,14 @@ func (m *Monitor) sample() {
 		go func() {
 			defer wg.Done()
 			s, err := StatusOf(ctx, addr)
-			if err != nil || s.Fenced {
-				return // a stopped, paused or fenced worker delivers nothing
+			if err != nil {
+				mu.Lock()
+				unreachable++
+				mu.Unlock()
+				return
+			}
+			if s.Fenced {
+				return // a fenced worker says it delivers nothing
 			}
 			mu.Lock()
 			for u := range s.Held {
@@ -301,6 +312,10 @@ func (m *Monitor) sample() {
 	}
 	m.result.MultiplyOwnedInstants += multi
 	m.result.MaxMultiplyOwned = max(m.result.MaxMultiplyOwned, multi)
+	if unreachable > 0 {
+		m.result.Skipped++
+		return
+	}
 	for _, u := range m.topo.Units() {
 		if len(holders[u.String()]) == 0 {
 			m.result.UnownedUnitSamples++

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/internal/testbed"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
@@ -62,6 +63,12 @@ type Fleet struct {
 	Registry *poolctl.PG
 	Topology string
 	Layout   natsops.Layout
+	// HistoryDir is where every worker of the fleet writes its delivery
+	// history (one file per process).
+	HistoryDir string
+
+	// envelope is every shape provisioned so far.
+	envelope ownership.Topology
 
 	mu      sync.Mutex
 	workers map[string]*Worker
@@ -100,7 +107,7 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	if o.Topology == "" {
 		o.Topology = "default/fleet"
 	}
-	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}}
+	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}, HistoryDir: t.TempDir()}
 	f.NATS = natstest.StartCluster(t, o.Servers)
 	f.PG = pgtest.New(t)
 	f.DSN = f.PG.NewTestDatabase(t)
@@ -139,7 +146,24 @@ func (f *Fleet) ChangeTopology(n, v int) int64 {
 	Eventually(f.T, 30*time.Second, func() error {
 		return f.Registry.Activate(ctx, f.Topology, epoch)
 	})
+	f.envelope = ownership.Topology{Partitions: max(f.envelope.Partitions, n), Shards: max(f.envelope.Shards, v)}
+	if err := f.Registry.SetRetiring(ctx, f.Topology, f.Leaving()); err != nil {
+		f.T.Fatalf("publish the retiring set: %v", err)
+	}
 	return epoch
+}
+
+// Leaving lists, like the operator's retiring set, the units provisioned
+// so far that the active shape no longer has.
+func (f *Fleet) Leaving() []string {
+	active := ownership.Topology{Partitions: f.Layout.Partitions, Shards: f.Layout.Shards}
+	var out []string
+	for _, u := range f.envelope.Units() {
+		if !active.Contains(u) {
+			out = append(out, u.String())
+		}
+	}
+	return out
 }
 
 // Eventually polls cond until it returns nil or the deadline passes.
@@ -179,4 +203,36 @@ func BuildWorker() (string, error) {
 		return "", fmt.Errorf("build shardkeeper-worker: %w\n%s", err, out)
 	}
 	return bin, nil
+}
+
+// PublishCensus takes a real census of the fleet's NATS cluster against
+// floor (every unit consumer of the active shape inspected) and publishes
+// its verdict for the workers' RESET guard, as the operator does. It
+// returns the census.
+func (f *Fleet) PublishCensus(floor string) *natsops.Census {
+	f.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var refs []natsops.ConsumerRef
+	for _, u := range (ownership.Topology{Partitions: f.Layout.Partitions, Shards: f.Layout.Shards}).Units() {
+		refs = append(refs, f.Layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}))
+	}
+	c, err := natsops.TakeCensus(ctx, f.NATS.ConnectSys(0), natsops.CensusOptions{Floor: floor, Consumers: refs})
+	if err != nil {
+		f.T.Fatalf("census: %v", err)
+	}
+	servers := map[string]string{}
+	for _, s := range c.Servers {
+		if s.Answered {
+			servers[s.Name] = s.Version
+		} else {
+			servers[s.Name] = ""
+		}
+	}
+	perm := poolctl.ResetPermission{Allowed: c.FloorMet(), Floor: c.Floor, Servers: servers,
+		CensusAge: time.Since(c.TakenAt), Reason: fmt.Sprintf("test census: minimum %s against floor %s", c.MinVersion, c.Floor)}
+	if err := f.Registry.PublishResetPermission(ctx, f.Topology, perm); err != nil {
+		f.T.Fatalf("publish census verdict: %v", err)
+	}
+	return c
 }

@@ -98,38 +98,56 @@ func (p *Publisher) Published() int {
 
 // PublishBurst publishes n rows round robin over units as fast as the
 // stream acknowledges them, with ids distinct from StartPublisher's, and
-// returns the acknowledged ids.
+// returns the acknowledged ids. It applies back-pressure: at most
+// burstWindow publishes are in flight, and each window's acknowledgements
+// are awaited before the next one goes out, so a loaded machine slows the
+// burst down instead of failing it.
 func (f *Fleet) PublishBurst(units []ownership.Unit, n int) map[string]ownership.Unit {
 	f.T.Helper()
 	js, err := jetstream.New(f.NATS.Connect(-1))
 	if err != nil {
 		f.T.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	acked := map[string]ownership.Unit{}
-	futures := make([]jetstream.PubAckFuture, 0, n)
-	ids := make([]string, 0, n)
-	for i := range n {
+	for from := 0; from < n; from += burstWindow {
+		if err := publishWindow(ctx, js, f, units, from, min(from+burstWindow, n), acked); err != nil {
+			f.T.Fatalf("publish burst: %v", err)
+		}
+	}
+	return acked
+}
+
+// burstWindow is how many asynchronous publishes PublishBurst has in
+// flight at most.
+const burstWindow = 256
+
+// publishWindow publishes rows [from, to) of a burst and waits for their
+// acknowledgements.
+func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, units []ownership.Unit, from, to int, acked map[string]ownership.Unit) error {
+	futures := make([]jetstream.PubAckFuture, 0, to-from)
+	for i := from; i < to; i++ {
 		u := units[i%len(units)]
 		id := fmt.Sprintf("burst-%08d", i)
 		msg := &nats.Msg{Subject: f.Layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{}}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		fut, err := js.PublishMsgAsync(msg)
 		if err != nil {
-			f.T.Fatalf("publish burst: %v", err)
+			return fmt.Errorf("publish %s: %w", id, err)
 		}
-		futures, ids = append(futures, fut), append(ids, id)
+		futures = append(futures, fut)
 	}
-	for i, fut := range futures {
+	for k, fut := range futures {
+		i := from + k
 		select {
 		case <-fut.Ok():
-			acked[ids[i]] = units[i%len(units)]
+			acked[fmt.Sprintf("burst-%08d", i)] = units[i%len(units)]
 		case err := <-fut.Err():
-			f.T.Fatalf("publish %s: %v", ids[i], err)
+			return fmt.Errorf("publish burst-%08d: %w", i, err)
 		case <-ctx.Done():
-			f.T.Fatal("publish burst timed out")
+			return fmt.Errorf("publish burst timed out: %w", ctx.Err())
 		}
 	}
-	return acked
+	return nil
 }

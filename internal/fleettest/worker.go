@@ -36,11 +36,19 @@ func (f *Fleet) Env(member string) []string {
 		"POD_NAME=" + member,
 		"NATS_URL=" + natstest.UserURL(f.NATS.URLs()[0], natstest.AppUser, natstest.AppPassword),
 		"REGISTRY_DSN=" + f.DSN,
+		"WORKER_HISTORY_DIR=" + f.HistoryDir,
 	}
 }
 
 // StartWorker starts a reference worker process named member.
 func (f *Fleet) StartWorker(member string) *Worker {
+	f.T.Helper()
+	return f.StartWorkerWith(member)
+}
+
+// StartWorkerWith starts a reference worker process named member with
+// extra environment variables ("NAME=value"), e.g. its test knobs.
+func (f *Fleet) StartWorkerWith(member string, env ...string) *Worker {
 	f.T.Helper()
 	port, err := testbed.FreePort()
 	if err != nil {
@@ -55,6 +63,7 @@ func (f *Fleet) StartWorker(member string) *Worker {
 	w.cmd = exec.Command(WorkerBinary(f.T), "--drain-timeout", f.Opts.DrainTimeout.String(), "-v", "1")
 	w.cmd.Env = append(os.Environ(), f.Env(member)...)
 	w.cmd.Env = append(w.cmd.Env, "WORKER_HEALTH_ADDR="+w.Addr)
+	w.cmd.Env = append(w.cmd.Env, env...)
 	w.cmd.Stdout, w.cmd.Stderr = logf, logf
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := w.cmd.Start(); err != nil {

@@ -22,7 +22,6 @@ func TestSigstopLongerThanLeaseFencesThenRejoins(t *testing.T) {
 	topo := ownership.Topology{Partitions: 2, Shards: 4}
 	f := fleettest.Start(t, fleettest.Options{Partitions: topo.Partitions, Shards: topo.Shards, AckWait: 3 * time.Second})
 	ctx := context.Background()
-	mon := f.StartMonitor(topo, 50*time.Millisecond)
 	pub := f.StartPublisher(topo, 100)
 	f.StartWorker("w-0")
 	w1 := f.StartWorker("w-1")
@@ -89,7 +88,6 @@ func TestSigstopLongerThanLeaseFencesThenRejoins(t *testing.T) {
 		t.Fatalf("P5 broken: adopted %s after the lease expired, before the grace of %s", firstAdoption.Sub(expiry), grace)
 	}
 
-	resumed := time.Now()
 	if err := w1.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -106,36 +104,10 @@ func TestSigstopLongerThanLeaseFencesThenRejoins(t *testing.T) {
 	})
 	waitSettled(t, f, topo, 2)
 
-	// Nothing w-1 wrote after resuming carries an epoch from before the
-	// adoption: its stale writes were refused.
-	var stale int
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM shardkeeper_sink_rows s
-		WHERE s.member = 'w-1' AND s.written_at >= $1 AND s.epoch < ANY($2::bigint[]) AND s.unit = ANY($3::text[])`,
-		resumed, epochs(adoptedEpoch), keys(adoptedEpoch)).Scan(&stale)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if stale != 0 {
-		t.Fatalf("P1 broken: %d rows written by w-1 after resuming under an epoch older than the adoption", stale)
-	}
-	checkDelivered(t, f, pub)
-	checkP1(t, mon.Stop())
-}
-
-func keys(m map[string]int64) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
-
-func epochs(m map[string]int64) []int64 {
-	var out []int64
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
+	// Nothing w-1 delivered, acked or wrote after resuming under its old
+	// claims: the history checker judges it (stale deliveries, acks and
+	// writes, and overlapping windows).
+	checkEvidence(t, f, pub)
 }
 
 // A topology change while rows flow: units whose owner does not change
@@ -145,7 +117,6 @@ func epochs(m map[string]int64) []int64 {
 func TestEpochChangeKeepsUnmovedUnitsDelivering(t *testing.T) {
 	from, to := ownership.Topology{Partitions: 2, Shards: 4}, ownership.Topology{Partitions: 2, Shards: 8}
 	f := fleettest.Start(t, fleettest.Options{Partitions: from.Partitions, Shards: from.Shards})
-	mon := f.StartMonitor(from, 50*time.Millisecond)
 	pub := f.StartPublisher(from, 100)
 	f.StartWorker("w-0")
 	f.StartWorker("w-1")
@@ -154,11 +125,10 @@ func TestEpochChangeKeepsUnmovedUnitsDelivering(t *testing.T) {
 	changed := time.Now()
 	f.ChangeTopology(to.Partitions, to.Shards)
 	pub.SetTopology(to)
-	mon.SetTopology(to)
 	after := waitSettled(t, f, to, 2)
 	t.Logf("V %d -> %d settled in %s", from.Shards, to.Shards, time.Since(changed).Round(time.Millisecond))
 
-	d := checkDelivered(t, f, pub)
+	_, d := checkEvidence(t, f, pub)
 	unmoved := 0
 	for u, hs := range before {
 		if after[u][0] != hs[0] {
@@ -175,5 +145,4 @@ func TestEpochChangeKeepsUnmovedUnitsDelivering(t *testing.T) {
 	if unmoved == 0 {
 		t.Fatalf("no unit kept its owner; the test checks nothing")
 	}
-	checkP1(t, mon.Stop())
 }

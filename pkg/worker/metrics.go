@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		redeliveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_redeliveries_total",
 			Help: "Rows NATS delivered more than once (reset by a consumer RESET)."}),
 		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardkeeper_worker_takeovers_total",
-			Help: "Units adopted from a lapsed owner, by outcome: reset, or why RESET was not used."}, []string{"outcome"}),
+			Help: "Units taken over from a dead, fenced or earlier process, by outcome: reset (unacked rows back at once) or ackwait (they return after ack wait), with the reason RESET was not used (no_census, refused, reset_failed)."}, []string{"outcome", "reason"}),
 		handoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shardkeeper_worker_handover_seconds",
 			Help:    "Time from the decision to hand a unit over to its release.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),

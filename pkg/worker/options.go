@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
 
 // Options configure a Worker. The zero value of every tuning field means a
@@ -32,9 +33,10 @@ type Options struct {
 	Handler Handler
 
 	// TickInterval is how often the worker re-reads the registry, places
-	// and claims (default 500ms, and never slower than the renew
-	// interval). A released unit waits at most this long for its next
-	// owner; renewals keep their own schedule.
+	// and claims (default 500ms). A released unit waits at most this long
+	// for its next owner. Renewals run on their own goroutine and
+	// schedule, so a long tick (slow drains, many claims) never delays
+	// them.
 	TickInterval time.Duration
 	// FetchBatch is how many rows one pull asks for (default 64).
 	FetchBatch int
@@ -50,8 +52,19 @@ type Options struct {
 	// difference in clock rate between this process and the database.
 	FenceMargin time.Duration
 	// MaxCensusAge is the oldest census verdict the worker trusts to RESET
-	// a consumer on takeover (default 2m).
+	// a consumer on takeover (default 2m), measured at the moment of the
+	// RESET.
 	MaxCensusAge time.Duration
+	// TakeoverConcurrency bounds the UNPIN and RESET requests a tick sends
+	// at once (default 16).
+	TakeoverConcurrency int
+	// History, when set, receives a record of every pull, delivery,
+	// settlement, withheld row and RESET (package history), the evidence
+	// the history checker judges. Nil records nothing and costs nothing.
+	History history.Recorder
+	// RowID names a row in the history; it must match what the Handler's
+	// sink records. The default is DefaultRowID.
+	RowID func(Row) string
 	// Logger receives the worker's logs; the zero value discards them.
 	Logger logr.Logger
 	// Metrics, when set, receives the worker's Prometheus metrics.
@@ -87,6 +100,12 @@ func (o *Options) withDefaults() Options {
 	}
 	if c.MaxCensusAge == 0 {
 		c.MaxCensusAge = 2 * time.Minute
+	}
+	if c.TakeoverConcurrency == 0 {
+		c.TakeoverConcurrency = 16
+	}
+	if c.RowID == nil {
+		c.RowID = DefaultRowID
 	}
 	return c
 }
@@ -135,6 +154,9 @@ func (o *Options) validate() error {
 	}
 	if o.MaxCensusAge <= 0 {
 		bad("MaxCensusAge", "must be positive, got %s", o.MaxCensusAge)
+	}
+	if o.TakeoverConcurrency < 1 || o.TakeoverConcurrency > 1024 {
+		bad("TakeoverConcurrency", "must be 1..1024, got %d", o.TakeoverConcurrency)
 	}
 	return errors.Join(errs...)
 }

@@ -51,24 +51,3 @@ func TestBadOptionsAreRefusedNamingTheOption(t *testing.T) {
 		})
 	}
 }
-
-// checks P4: RESET only on a fresh, published, allowing verdict.
-func TestResetNeedsAFreshAllowingCensus(t *testing.T) {
-	tests := []struct {
-		name string
-		perm poolctl.ResetPermission
-		want string
-	}{
-		{"never published", poolctl.ResetPermission{}, "no_census"},
-		{"below the floor", poolctl.ResetPermission{Published: true, Allowed: false}, "below_floor"},
-		{"too old", poolctl.ResetPermission{Published: true, Allowed: true, CensusAge: 3 * time.Minute}, "census_stale"},
-		{"fresh and allowed", poolctl.ResetPermission{Published: true, Allowed: true, CensusAge: time.Second}, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := resetBlockReason(tt.perm, 2*time.Minute); got != tt.want {
-				t.Fatalf("got %q, want %q", got, tt.want)
-			}
-		})
-	}
-}

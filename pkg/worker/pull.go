@@ -10,6 +10,7 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
 
 // puller pulls one held unit's consumer in the pinned priority group and
@@ -20,26 +21,78 @@ type puller struct {
 	unit  ownership.Unit
 	token poolctl.Token
 	ref   natsops.ConsumerRef
+	// incarnation and under identify the claim in the history.
+	incarnation, under int64
+	// takeover: lift the previous process's pin and unacked rows first.
+	takeover bool
+	from     string
 
 	ctx       context.Context // cancelled: stop at once, settle nothing more
 	kill      context.CancelFunc
 	stopFetch chan struct{} // closed: finish the current batch, fetch no more
 	abandon   atomic.Bool   // set: nak what is left of the batch unhandled
 	done      chan struct{}
+
+	// lastFetch and lastRows are when a pull last completed and last
+	// brought rows (nanoseconds since the process started, 0 = never),
+	// for the activity report.
+	lastFetch, lastRows atomic.Int64
+	// withheld counts rows neither delivered nor settled because the
+	// claim was lost or the member fenced itself.
+	withheld atomic.Int64
 }
 
-func (w *Worker) startPuller(u ownership.Unit, t poolctl.Token) *puller {
+// processStart anchors the pullers' activity clock.
+var processStart = time.Now()
+
+func sinceStart() int64 { return int64(time.Since(processStart)) }
+
+// since is the age of a puller timestamp at now, or -1 for never.
+func (p *puller) since(ts *atomic.Int64, now time.Time) time.Duration {
+	v := ts.Load()
+	if v == 0 {
+		return -1
+	}
+	return now.Sub(processStart) - time.Duration(v)
+}
+
+// startDelivery starts u's puller if u is held, not being released, has
+// no puller, and the member is not fenced.
+func (w *Worker) startDelivery(u ownership.Unit) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := w.held[u]
+	if h == nil || h.puller != nil || h.releasing || w.fencedLocked() || w.lease == nil {
+		return
+	}
 	ctx, cancel := context.WithCancel(w.runCtx)
 	p := &puller{
-		w: w, unit: u, token: t, ref: w.layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}),
+		w: w, unit: u, token: h.token, ref: w.consumerRef(u),
+		incarnation: w.lease.Incarnation, under: h.under, takeover: h.takeover, from: h.from,
 		ctx: ctx, kill: cancel, stopFetch: make(chan struct{}), done: make(chan struct{}),
 	}
+	h.puller = p
 	go p.run()
-	return p
+}
+
+// detachPullers takes every running puller out of the held set; the caller
+// stops them after releasing w.mu (pullers take it to check their claim).
+func (w *Worker) detachPullers() []*puller {
+	var out []*puller
+	for _, h := range w.held {
+		if h.puller != nil {
+			out = append(out, h.puller)
+			h.puller = nil
+		}
+	}
+	return out
 }
 
 func (p *puller) run() {
 	defer close(p.done)
+	if !p.prepare() {
+		return
+	}
 	var cons jetstream.Consumer
 	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
 	for p.fetching() {
@@ -47,30 +100,74 @@ func (p *puller) run() {
 			c, err := p.w.js.Consumer(p.ctx, p.ref.Stream, p.ref.Name)
 			if err != nil {
 				p.w.log.V(1).Info("Consumer lookup failed", "unit", p.unit.String(), "error", err.Error())
-				backoff.wait(p.ctx)
+				backoff.wait(p.ctx, nil)
 				continue
 			}
 			cons = c
 		}
-		batch, err := cons.Fetch(p.w.opts.FetchBatch,
-			jetstream.FetchMaxWait(p.w.opts.FetchWait), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
-		if err != nil {
+		if err := p.fetchBatch(cons); err != nil {
 			// Another client still pinned, a leader election, a restart:
 			// all pass; try again shortly.
 			p.w.log.V(1).Info("Fetch failed", "unit", p.unit.String(), "error", err.Error())
-			backoff.wait(p.ctx)
-			continue
-		}
-		for msg := range batch.Messages() {
-			p.handle(msg)
-		}
-		if err := batch.Error(); err != nil {
-			p.w.log.V(1).Info("Batch ended with error", "unit", p.unit.String(), "error", err.Error())
-			backoff.wait(p.ctx)
+			backoff.wait(p.ctx, nil)
 			continue
 		}
 		backoff.reset()
 	}
+}
+
+// prepare runs before the first pull. Every new holder lifts the
+// consumer's pin: the pin may belong to a process that is dead, fenced, or
+// this very process's previous puller, and it would keep the consumer from
+// serving this puller until the pinned TTL ran out. A takeover also RESETs
+// the consumer when the census allows it (P4), so rows the previous
+// process left unacknowledged come back now rather than after ack wait.
+// It reports false when the claim was lost meanwhile.
+func (p *puller) prepare() bool {
+	w := p.w
+	select {
+	case w.takeoverSlots() <- struct{}{}:
+	case <-p.ctx.Done():
+		return false
+	}
+	defer func() { <-w.takeoverSlots() }()
+	if !w.mayDeliver(p.unit, p.token) {
+		return false
+	}
+	w.unpin(p.ctx, p.unit)
+	if !p.takeover {
+		return true
+	}
+	if !w.mayDeliver(p.unit, p.token) {
+		return false // fenced meanwhile: no RESET (P5)
+	}
+	w.resetOnTakeover(p.ctx, p)
+	w.takeoverDone(p.unit, p.token)
+	return true
+}
+
+// fetchBatch pulls one batch and handles its rows in order.
+func (p *puller) fetchBatch(cons jetstream.Consumer) error {
+	start := history.Now()
+	batch, err := cons.Fetch(p.w.opts.FetchBatch,
+		jetstream.FetchMaxWait(p.w.opts.FetchWait), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+	if err != nil {
+		return err
+	}
+	rows := 0
+	for msg := range batch.Messages() {
+		if rows == 0 {
+			p.lastRows.Store(sinceStart())
+		}
+		rows++
+		p.handle(msg, start)
+	}
+	p.lastFetch.Store(sinceStart())
+	if rows > 0 {
+		p.lastRows.Store(sinceStart())
+	}
+	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
+	return batch.Error()
 }
 
 // fetching reports whether the puller should issue another pull.
@@ -88,33 +185,113 @@ func (p *puller) fetching() bool {
 // handle delivers one row and settles it, checking the claim before each
 // (P1): a row that arrives after the member lost the claim or fenced itself
 // is neither delivered nor settled, and NATS redelivers it to the owner.
-func (p *puller) handle(msg jetstream.Msg) {
-	if p.ctx.Err() != nil || !p.w.mayDeliver(p.unit, p.token) {
-		p.w.metrics.rowsWithheld.Inc()
-		return
-	}
+// Once a drain timed out (abandon), the rest of the batch is nak'd unhandled
+// for the next owner, as long as the claim is still ours. fetched is when
+// the pull that brought msg was sent, for the history.
+func (p *puller) handle(msg jetstream.Msg, fetched int64) {
+	row := p.row(msg)
 	if p.abandon.Load() {
-		_ = msg.Nak()
-		p.w.metrics.rowsNaked.Inc()
+		p.settleUnhandled(msg, row)
 		return
 	}
-	row := Row{Unit: p.unit, Token: p.token, Subject: msg.Subject(), Data: msg.Data(), Headers: msg.Headers()}
-	if md, err := msg.Metadata(); err == nil {
-		row.StreamSeq, row.NumDelivered = md.Sequence.Stream, md.NumDelivered
-		if md.NumDelivered > 1 {
-			p.w.metrics.redeliveries.Inc()
-		}
+	at := history.Now()
+	if p.ctx.Err() != nil || !p.w.mayDeliver(p.unit, p.token) {
+		p.withhold(row, at, "claim lost or fenced before delivery")
+		return
+	}
+	p.record(history.Record{Kind: history.KindDeliver, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
+		NumDelivered: row.NumDelivered, Start: at, Fetch: fetched})
+	if row.NumDelivered > 1 {
+		p.w.metrics.redeliveries.Inc()
 	}
 	verdict := p.w.opts.Handler(p.ctx, row)
+	p.settle(msg, row, verdict)
+}
+
+// settleUnhandled naks a row the drain gave up on, if the claim is still
+// ours; otherwise it is withheld.
+func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
+	at := history.Now()
 	if !p.w.mayDeliver(p.unit, p.token) {
-		p.w.metrics.rowsWithheld.Inc()
+		p.withhold(row, at, "claim lost or fenced before the drain nak")
 		return
 	}
-	if err := settle(msg, verdict); err != nil {
+	err := msg.Nak()
+	p.record(history.Record{Kind: history.KindNak, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
+		NumDelivered: row.NumDelivered, Detail: errDetail(err, "drain timed out"), Start: at, End: history.Now()})
+	p.w.metrics.rowsNaked.Inc()
+}
+
+// settle applies the handler's verdict after checking the claim again.
+func (p *puller) settle(msg jetstream.Msg, row Row, verdict Settlement) {
+	at := history.Now()
+	if !p.w.mayDeliver(p.unit, p.token) {
+		p.withhold(row, at, "claim lost or fenced before settling")
+		return
+	}
+	err := settle(msg, verdict)
+	p.record(history.Record{Kind: settlementKind(verdict), RowID: p.rowID(row), StreamSeq: row.StreamSeq,
+		NumDelivered: row.NumDelivered, Detail: errDetail(err, ""), Start: at, End: history.Now()})
+	if err != nil {
 		p.w.log.V(1).Info("Settle failed", "unit", p.unit.String(), "settlement", verdict.String(), "error", err.Error())
 		return
 	}
 	p.w.metrics.rowsSettled.WithLabelValues(verdict.String()).Inc()
+}
+
+// withhold counts and records a row this member may no longer act on.
+func (p *puller) withhold(row Row, at int64, why string) {
+	p.withheld.Add(1)
+	p.w.metrics.rowsWithheld.Inc()
+	p.record(history.Record{Kind: history.KindWithheld, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
+		NumDelivered: row.NumDelivered, Detail: why, Start: at})
+}
+
+// row builds the Handler's view of msg.
+func (p *puller) row(msg jetstream.Msg) Row {
+	row := Row{Unit: p.unit, Token: p.token, Subject: msg.Subject(), Data: msg.Data(), Headers: msg.Headers()}
+	if md, err := msg.Metadata(); err == nil {
+		row.StreamSeq, row.NumDelivered = md.Sequence.Stream, md.NumDelivered
+	}
+	return row
+}
+
+// rowID names row in the history; it costs nothing without a recorder.
+func (p *puller) rowID(row Row) string {
+	if p.w.opts.History == nil {
+		return ""
+	}
+	return p.w.opts.RowID(row)
+}
+
+// record stamps rec with the puller's claim and hands it to the recorder.
+func (p *puller) record(rec history.Record) {
+	if p.w.opts.History == nil {
+		return
+	}
+	rec.Unit, rec.Member, rec.Incarnation = p.unit.String(), p.token.Member, p.incarnation
+	rec.Epoch, rec.TopologyEpoch = p.token.Epoch, p.under
+	p.w.opts.History.Record(rec)
+}
+
+func settlementKind(s Settlement) history.Kind {
+	switch s {
+	case Ack:
+		return history.KindAck
+	case Nak:
+		return history.KindNak
+	case Term:
+		return history.KindTerm
+	default:
+		return history.KindAbandon
+	}
+}
+
+func errDetail(err error, otherwise string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return otherwise
 }
 
 // drain stops fetching and waits up to timeout for the current batch to be
@@ -127,6 +304,8 @@ func (p *puller) drain(timeout time.Duration) bool {
 		return true
 	case <-time.After(timeout):
 	}
+	// Abandon before cancelling: handle() checks abandon first, so the
+	// rest of the batch is nak'd rather than withheld.
 	p.abandon.Store(true)
 	p.kill() // cancel the handler's context too
 	<-p.done
@@ -146,11 +325,14 @@ func newBackoff(min, max time.Duration) *backoff { return &backoff{min: min, max
 
 func (b *backoff) reset() { b.cur = b.min }
 
-func (b *backoff) wait(ctx context.Context) {
+// wait waits the current backoff, or until ctx ends or wake fires (a nil
+// wake never fires), and doubles the next one.
+func (b *backoff) wait(ctx context.Context, wake <-chan struct{}) {
 	t := time.NewTimer(b.cur)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+	case <-wake:
 	case <-t.C:
 	}
 	b.cur = min(b.cur*2, b.max)

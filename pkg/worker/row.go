@@ -1,6 +1,8 @@
 package worker
 
 import (
+	"strconv"
+
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
@@ -26,6 +28,19 @@ type Row struct {
 	// NumDelivered counts deliveries as NATS knows them; a consumer RESET
 	// starts it again at 1, so sinks count duplicates themselves too.
 	NumDelivered uint64
+}
+
+// RowIDHeader carries a row's unique id (the JetStream de-duplication
+// header publishers set).
+const RowIDHeader = "Nats-Msg-Id"
+
+// DefaultRowID is a row's id: its RowIDHeader, or else its unit and stream
+// sequence.
+func DefaultRowID(row Row) string {
+	if ids := row.Headers[RowIDHeader]; len(ids) > 0 && ids[0] != "" {
+		return ids[0]
+	}
+	return row.Unit.String() + "@" + strconv.FormatUint(row.StreamSeq, 10)
 }
 
 // Settlement is the Handler's verdict on a row.

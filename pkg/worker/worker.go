@@ -16,6 +16,13 @@ import (
 )
 
 // Worker is one member of a fleet. Create it with New and run it with Run.
+//
+// Two loops share its state under mu: the lease loop (lease.go) joins,
+// renews on the registry's schedule, records fences and confirms claims;
+// the tick loop (tick.go) reads the registry, places, hands over and
+// claims. Only the lease loop talks to the registry about the lease and
+// the fence, so those calls are ordered; a tick, however long, never
+// delays a renewal.
 type Worker struct {
 	opts    Options
 	log     logr.Logger
@@ -28,11 +35,21 @@ type Worker struct {
 	// delivering while their units are handed over.
 	runCtx    context.Context
 	cancelRun context.CancelFunc
+	// wakeLease asks the lease loop to act now (a fence to record).
+	wakeLease chan struct{}
+	// slots bounds concurrent UNPIN and RESET requests.
+	slots chan struct{}
 
 	mu      sync.Mutex
 	lease   *poolctl.Lease
 	fenceAt time.Time // monotonic: stop delivering at this instant (P5)
 	fenced  bool
+	// fenceGen counts this incarnation's local fences; the registry
+	// applies a Fence or Unfence only in generation order.
+	fenceGen int64
+	// fenceSent is the highest generation whose Fence reached the
+	// registry.
+	fenceSent int64
 	// fencedSince is when the current fence began (zero before the
 	// first lease), for the fenced-seconds metric.
 	fencedSince time.Time
@@ -41,7 +58,11 @@ type Worker struct {
 	// ackedPending is the pending epoch this incarnation acknowledged.
 	ackedPending int64
 	params       poolctl.Params
-	lastTick     tickState
+	// reset is the census verdict of the last snapshot, and when it was
+	// read on this process's clock, so its age can be judged at the
+	// moment of a RESET rather than at the start of a tick.
+	reset   poolctl.ResetPermission
+	resetAt time.Time
 	// renewedAt is when the last successful renewal's request was sent.
 	renewedAt time.Time
 	// placed is the tick goroutine's placement cache.
@@ -50,12 +71,22 @@ type Worker struct {
 
 // holding is a claim this member holds, and its puller when delivering.
 type holding struct {
-	token  poolctl.Token
+	token poolctl.Token
+	// under is the topology epoch the claim was decided under, for the
+	// history (0 when confirmed after a rejoin).
+	under  int64
 	puller *puller
 	// releasing is set once delivery stopped for a handover, before the
 	// release is sent: from then on the member no longer counts the unit
 	// as its own, even if the release must be retried.
 	releasing bool
+	// takeover says the next puller must first lift a dead process's pin
+	// and, when the census allows it, RESET the consumer: set for
+	// adoptions and re-homes, and for units whose rows this process
+	// withheld when it fenced itself.
+	takeover bool
+	// from is the process the unit is taken over from, for logs.
+	from string
 }
 
 // New checks the options and returns a Worker ready to Run.
@@ -73,63 +104,61 @@ func New(o Options) (*Worker, error) {
 		return nil, err
 	}
 	return &Worker{
-		opts:    opts,
-		log:     opts.Logger.WithValues("member", opts.Member, "topology", opts.Topology),
-		reg:     opts.Registry,
-		js:      js,
-		layout:  natsops.Layout{SubjectPrefix: opts.SubjectPrefix, ConsumerName: opts.ConsumerName},
-		metrics: m,
-		held:    map[ownership.Unit]*holding{},
-		fenced:  true, // until the first lease
+		opts:      opts,
+		log:       opts.Logger.WithValues("member", opts.Member, "topology", opts.Topology),
+		reg:       opts.Registry,
+		js:        js,
+		layout:    natsops.Layout{SubjectPrefix: opts.SubjectPrefix, ConsumerName: opts.ConsumerName},
+		metrics:   m,
+		held:      map[ownership.Unit]*holding{},
+		fenced:    true, // until the first lease
+		wakeLease: make(chan struct{}, 1),
+		slots:     make(chan struct{}, opts.TakeoverConcurrency),
 	}, nil
 }
 
 // Run takes part in the fleet until ctx ends, then hands every unit over
 // within the drain timeout and leaves. It returns nil after a clean leave.
+// The lease keeps being renewed until the member has left, so a slow
+// handover on shutdown never turns into the crash path.
 func (w *Worker) Run(ctx context.Context) error {
 	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
 	defer w.cancelRun()
 	defer w.stopWatchdog()
 
-	if err := w.joinUntilDone(ctx); err != nil {
+	leaseCtx, cancelLease := context.WithCancel(context.Background())
+	leaseDone := make(chan struct{})
+	go func() { defer close(leaseDone); w.leaseLoop(leaseCtx) }()
+	stopLease := func() { cancelLease(); <-leaseDone }
+	defer stopLease()
+
+	if err := w.waitForLease(ctx); err != nil {
 		return err
 	}
 	for {
-		interval := min(w.renewInterval(), w.opts.TickInterval)
 		if err := w.tick(ctx); err != nil && ctx.Err() == nil {
 			w.log.Info("Tick incomplete", "error", err.Error())
 		}
 		select {
 		case <-ctx.Done():
-			return w.shutdown()
-		case <-time.After(interval):
+			return w.shutdown(stopLease)
+		case <-time.After(w.opts.TickInterval):
 		}
 	}
 }
 
-// joinUntilDone joins the registry, retrying until it works or ctx ends.
-func (w *Worker) joinUntilDone(ctx context.Context) error {
-	b := newBackoff(100*time.Millisecond, 5*time.Second)
+// waitForLease returns once the lease loop has joined, or ctx ended first.
+func (w *Worker) waitForLease(ctx context.Context) error {
 	for {
-		err := w.join(ctx)
-		if err == nil {
+		if _, ok := w.memberRef(); ok {
 			return nil
 		}
-		w.log.Info("Join failed; retrying", "error", err.Error())
-		b.wait(ctx)
-		if ctx.Err() != nil {
-			return fmt.Errorf("join %s: %w", w.opts.Member, err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("join %s: %w", w.opts.Member, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-func (w *Worker) renewInterval() time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.params.RenewInterval > 0 {
-		return w.params.RenewInterval
-	}
-	return time.Second
 }
 
 // mayDeliver is the P1 check made before a row is delivered and before it
@@ -154,6 +183,13 @@ func (w *Worker) Ready() bool {
 // after SIGSTOP runs its goroutines in any order). Callers hold w.mu.
 func (w *Worker) fencedLocked() bool {
 	return w.fenced || !time.Now().Before(w.fenceAt)
+}
+
+// isFenced is fencedLocked for callers without the lock.
+func (w *Worker) isFenced() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fencedLocked()
 }
 
 // Status is a point-in-time account of the worker, for health endpoints

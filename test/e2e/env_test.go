@@ -231,3 +231,13 @@ func (l *logSet) dump(t *testing.T) {
 	}
 	t.Logf("worker logs written to %s", dir)
 }
+
+// sts reads the worker StatefulSet.
+func sts(w *world) *appsv1.StatefulSet {
+	w.t.Helper()
+	s := &appsv1.StatefulSet{}
+	if err := w.k.Get(context.Background(), client.ObjectKey{Namespace: w.ns, Name: "ingest"}, s); err != nil {
+		w.t.Fatal(err)
+	}
+	return s
+}

@@ -87,7 +87,7 @@ func (*sequenced) RollPods(w *world) {
 	}
 	// The operator sees the new revision and rolls; wait for it to
 	// report a roll, then for Ready with every pod updated.
-	w.waitPodsReady(3, 5*time.Minute)
+	w.waitPodsReady(*sts(w).Spec.Replicas, 5*time.Minute)
 	waitTopologyReady(w, ownership.Topology{Partitions: int(st.Spec.Partitions), Shards: int(st.Spec.ShardsPerPartition)})
 }
 

@@ -1,6 +1,8 @@
 package rolloutsim
 
 import (
+	"slices"
+
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 )
 
@@ -15,6 +17,12 @@ type Row struct {
 	Unowned, Waiting, Stranded int
 	// Multi counts units pulled by two or more members.
 	Multi int
+	// MultiUnits and UnownedUnits are the units Multi and Unowned count,
+	// in canonical order.
+	MultiUnits, UnownedUnits []ownership.Unit
+	// AllUp says every pod ran at this step, so no restart explains an
+	// unowned unit.
+	AllUp bool
 }
 
 // Run is one strategy's replay of a scenario.
@@ -79,6 +87,7 @@ func (c *counter) row(event string, pulls map[ownership.Unit]int, waiting map[ow
 		switch n := pulls[u]; {
 		case n == 0:
 			r.Unowned++
+			r.UnownedUnits = append(r.UnownedUnits, u)
 			if waiting[u] {
 				r.Waiting++
 			} else {
@@ -86,6 +95,7 @@ func (c *counter) row(event string, pulls map[ownership.Unit]int, waiting map[ow
 			}
 		case n > 1:
 			r.Multi++
+			r.MultiUnits = append(r.MultiUnits, u)
 		}
 	}
 	for _, u := range c.from.Units() {
@@ -96,5 +106,7 @@ func (c *counter) row(event string, pulls map[ownership.Unit]int, waiting map[ow
 			visit(u)
 		}
 	}
+	slices.SortFunc(r.MultiUnits, ownership.CompareUnits)
+	slices.SortFunc(r.UnownedUnits, ownership.CompareUnits)
 	return r
 }

@@ -20,7 +20,11 @@ type worker struct {
 
 // independentSim replays a scenario under the independent strategy.
 type independentSim struct {
-	views   Views
+	membership Membership
+	views      Views
+	// fixed is the slot set 0..Members-1 that Fixed membership places
+	// over.
+	fixed   []ownership.Slot
 	workers []worker
 	counter *counter
 	// prev is the live membership after the previous step, which stale
@@ -35,14 +39,18 @@ func Independent(sc Scenario) (Run, error) {
 	if err := sc.Validate(); err != nil {
 		return Run{}, err
 	}
+	membership, views := sc.Model()
 	s := &independentSim{
-		views:   sc.Views,
-		workers: make([]worker, sc.Members),
-		counter: &counter{publishing: sc.From, from: sc.From},
-		run:     Run{Strategy: "independent"},
+		membership: membership,
+		views:      views,
+		fixed:      make([]ownership.Slot, sc.Members),
+		workers:    make([]worker, sc.Members),
+		counter:    &counter{publishing: sc.From, from: sc.From},
+		run:        Run{Strategy: "independent"},
 	}
 	for i := range s.workers {
 		s.workers[i] = worker{topology: sc.From, up: true}
+		s.fixed[i] = ownership.Slot(i)
 	}
 	s.prev = s.live()
 	s.step("start", func() {})
@@ -52,7 +60,11 @@ func Independent(sc Scenario) (Run, error) {
 			s.workers[k] = worker{topology: sc.To, up: true, started: true}
 		})
 	}
-	s.step("views settled, publishers on "+sc.To.String(), func() { s.counter.publishing = sc.To })
+	last := "publishers on " + sc.To.String()
+	if membership == Live {
+		last = "views settled, " + last
+	}
+	s.step(last, func() { s.counter.publishing = sc.To })
 	return s.run, nil
 }
 
@@ -65,13 +77,17 @@ func (s *independentSim) step(event string, change func()) {
 		switch {
 		case !w.up:
 			w.view = nil
+		case s.membership == Fixed:
+			w.view = s.fixed
 		case w.started || s.views == Fresh:
 			w.view, w.started = now, false
 		default:
 			w.view = s.prev
 		}
 	}
-	s.run.Rows = append(s.run.Rows, s.counter.row(event, s.pulls(), nil))
+	row := s.counter.row(event, s.pulls(), nil)
+	row.AllUp = len(now) == len(s.workers)
+	s.run.Rows = append(s.run.Rows, row)
 	s.prev = now
 }
 
@@ -86,7 +102,8 @@ func (s *independentSim) live() []ownership.Slot {
 }
 
 // pulls counts, per unit, the workers that pull it: each running worker
-// pulls what placement of its own units over its own view puts on its slot.
+// pulls what placement of its own units over its own view (the fixed slots
+// under Fixed membership) puts on its slot.
 // Workers that share a topology and a view share one placement.
 func (s *independentSim) pulls() map[ownership.Unit]int {
 	out := map[ownership.Unit]int{}

@@ -2,6 +2,7 @@ package rolloutsim
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -9,24 +10,41 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 )
 
-// TestFieldReportCases replays the two changes of the field reports. It
-// checks that sequenced never has a multiply-owned or stranded unit and that
-// independent, the reference, does, and logs both for the report.
+// fieldCases are the two changes of the field reports (N=4, 4 pods), with
+// the ranges those reports measured on fleets that hash on their own:
+// units pulled by two processes, and units pulled by nobody.
+var fieldCases = []struct {
+	name               string
+	from, to           int
+	doubleLo, doubleHi int
+	nobodyLo, nobodyHi int
+}{
+	{"N=4 V 8 to 16", 8, 16, 3, 3, 2, 4},
+	{"N=4 V 32 to 48", 32, 48, 4, 6, 2, 4},
+}
+
+func fieldScenario(from, to int, m Membership, v Views) Scenario {
+	return Scenario{From: ownership.Topology{Partitions: 4, Shards: from}, To: ownership.Topology{Partitions: 4, Shards: to}, Members: 4, Membership: m, Views: v}
+}
+
+// TestFieldReportCases replays the two changes of the field reports under
+// every independent model. It checks that sequenced never has a
+// multiply-owned or stranded unit whatever the baseline, that independent
+// leaves units unowned, and that live membership with stale views double
+// pulls; it logs the figures for the report.
 // checks P1
 func TestFieldReportCases(t *testing.T) {
-	tests := []struct {
-		name     string
-		from, to int
-	}{
-		{"N=4 V 8 to 16", 8, 16},
-		{"N=4 V 32 to 48", 32, 48},
-	}
-	for _, tt := range tests {
-		for _, views := range []Views{Stale, Fresh} {
-			t.Run(tt.name+" "+string(views), func(t *testing.T) {
-				sc := Scenario{From: ownership.Topology{Partitions: 4, Shards: tt.from}, To: ownership.Topology{Partitions: 4, Shards: tt.to}, Members: 4, Views: views}
-				ind, seq := replay(t, sc)
-				t.Logf("independent: max multiply-owned %d, max unowned %d, unowned unit-steps %d", ind.MaxMulti(), maxUnowned(ind), ind.UnownedUnitSteps())
+	models := []struct {
+		membership Membership
+		views      Views
+	}{{Fixed, ""}, {Live, Stale}, {Live, Fresh}}
+	for _, tt := range fieldCases {
+		for _, md := range models {
+			t.Run(tt.name+" "+string(md.membership)+" "+string(md.views), func(t *testing.T) {
+				ind, seq := replay(t, fieldScenario(tt.from, tt.to, md.membership, md.views))
+				f := ind.Figures()
+				t.Logf("independent: pulled by two or more %d %v (max %d at one step); pulled by nobody while every pod ran %d %v (%d with restart windows, max %d at one step)",
+					len(f.DoublePulled), f.DoublePulled, f.MaxMulti, len(f.PulledByNobody), f.PulledByNobody, f.PulledByNobodyAny, f.MaxUnowned)
 				t.Logf("sequenced:   max multiply-owned %d, max unowned %d, unowned unit-steps %d (all waiting on a planned claim)", seq.MaxMulti(), maxUnowned(seq), seq.UnownedUnitSteps())
 				if seq.MaxMulti() != 0 || seq.StrandedUnitSteps() != 0 || len(seq.Violations) != 0 {
 					t.Fatalf("sequenced: multi %d, stranded %d, violations %v", seq.MaxMulti(), seq.StrandedUnitSteps(), seq.Violations)
@@ -34,11 +52,137 @@ func TestFieldReportCases(t *testing.T) {
 				if ind.UnownedUnitSteps() == 0 {
 					t.Fatalf("independent left no unit unowned; the model lost the effect the field reports")
 				}
-				if views == Stale && ind.MaxMulti() == 0 {
+				if md.views == Stale && ind.MaxMulti() == 0 {
 					t.Fatalf("independent had no multiply-owned unit with stale views")
 				}
 			})
 		}
+	}
+}
+
+// TestFixedMembershipFiguresFollowFromThePlacements checks the fixed model
+// against what the two placements alone imply (predictFixed), for the field
+// cases, and logs how the figures compare with the field's ranges. The
+// figures are whatever the project's hash gives; the test pins how they
+// arise, not what they are.
+func TestFixedMembershipFiguresFollowFromThePlacements(t *testing.T) {
+	for _, tt := range fieldCases {
+		t.Run(tt.name, func(t *testing.T) {
+			sc := fieldScenario(tt.from, tt.to, Fixed, "")
+			ind, err := Independent(sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := ind.Figures()
+			checkPrediction(t, sc, f)
+			t.Logf("pulled by two or more: %d %v, field %d-%d: %s", len(f.DoublePulled), f.DoublePulled, tt.doubleLo, tt.doubleHi, inRange(len(f.DoublePulled), tt.doubleLo, tt.doubleHi))
+			t.Logf("pulled by nobody while every pod ran: %d %v, field %d-%d: %s", len(f.PulledByNobody), f.PulledByNobody, tt.nobodyLo, tt.nobodyHi, inRange(len(f.PulledByNobody), tt.nobodyLo, tt.nobodyHi))
+			t.Logf("pulled by nobody with restart windows: %d of %d", f.PulledByNobodyAny, sc.From.Len())
+		})
+	}
+}
+
+// TestFixedMembershipFiguresFollowFromThePlacementsAnyChange is the same
+// check over random changes, fleet sizes and restart orders.
+func TestFixedMembershipFiguresFollowFromThePlacementsAnyChange(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "members")
+		sc := Scenario{
+			From:       ownership.Topology{Partitions: rapid.IntRange(1, 6).Draw(t, "n"), Shards: rapid.IntRange(1, 24).Draw(t, "v")},
+			To:         ownership.Topology{Partitions: rapid.IntRange(1, 6).Draw(t, "n2"), Shards: rapid.IntRange(1, 24).Draw(t, "v2")},
+			Members:    n,
+			Order:      rapid.Permutation(ordinals(n)).Draw(t, "order"),
+			Membership: Fixed,
+		}
+		ind, err := Independent(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPrediction(t, sc, ind.Figures())
+	})
+}
+
+// checkPrediction fails when the fixed model's figures differ from
+// predictFixed's.
+func checkPrediction(t interface {
+	Helper()
+	Fatalf(string, ...any)
+}, sc Scenario, f Figures) {
+	t.Helper()
+	double, nobody, gap := predictFixed(sc)
+	if !slices.Equal(f.DoublePulled, double) || !slices.Equal(f.PulledByNobody, nobody) || f.PulledByNobodyAny != gap {
+		t.Fatalf("%+v: figures %v / %v / %d, the placements imply %v / %v / %d",
+			sc, f.DoublePulled, f.PulledByNobody, f.PulledByNobodyAny, double, nobody, gap)
+	}
+}
+
+// predictFixed derives the fixed model's figures from the two placements
+// over the fixed slots and the restart order, without replaying. A unit of
+// both topologies that placement moves from slot a to slot b is pulled
+// twice from b's restart until a's when b restarts first, and by nobody
+// while every pod runs from a's restart until b's when a restarts first. A
+// unit only the old topology has is pulled by nobody once its owner
+// restarted, since nothing retires it. Units of the new topology alone
+// carry rows only once every pod runs it. With restart windows counted,
+// every old unit goes unpulled while its owner is down, except one whose
+// new owner already pulls it.
+func predictFixed(sc Scenario) (double, nobody []ownership.Unit, gap int) {
+	slots := make([]ownership.Slot, sc.Members)
+	for i := range slots {
+		slots[i] = ownership.Slot(i)
+	}
+	pos := make(map[ownership.Slot]int, sc.Members) // slot to restart position
+	for i, o := range sc.RestartOrder() {
+		pos[ownership.Slot(o)] = i
+	}
+	before, after := ownership.Place(sc.From.Units(), slots), ownership.Place(sc.To.Units(), slots)
+	for _, u := range sc.From.Units() {
+		a, _ := before.Owner(u)
+		b, kept := after.Owner(u)
+		switch {
+		case !kept:
+			nobody = append(nobody, u)
+		case pos[b] < pos[a]:
+			double = append(double, u)
+		case pos[a] < pos[b]:
+			nobody = append(nobody, u)
+		}
+	}
+	return double, nobody, sc.From.Len() - len(double)
+}
+
+func inRange(n, lo, hi int) string {
+	if n >= lo && n <= hi {
+		return "inside"
+	}
+	return "OUTSIDE"
+}
+
+// TestFiguresCountDistinctUnits checks the counting definition: a unit
+// counts once however many steps it spends double-pulled or unpulled, and
+// an unpulled unit counts as pulled by nobody only at a step where every
+// pod ran.
+func TestFiguresCountDistinctUnits(t *testing.T) {
+	a, b := ownership.Unit{Partition: 0, Shard: 0}, ownership.Unit{Partition: 0, Shard: 1}
+	tests := []struct {
+		name                   string
+		rows                   []Row
+		double, nobody, gapAny int
+	}{
+		{"a unit double-pulled at two steps counts once",
+			[]Row{{Multi: 1, MultiUnits: []ownership.Unit{a}, AllUp: true}, {Multi: 2, MultiUnits: []ownership.Unit{a, b}, AllUp: true}}, 2, 0, 0},
+		{"unpulled while a pod is down is a restart window only",
+			[]Row{{Unowned: 2, UnownedUnits: []ownership.Unit{a, b}}}, 0, 0, 2},
+		{"unpulled while every pod runs counts",
+			[]Row{{Unowned: 1, UnownedUnits: []ownership.Unit{a}}, {Unowned: 1, UnownedUnits: []ownership.Unit{a}, AllUp: true}}, 0, 1, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := Run{Rows: tt.rows}.Figures()
+			if len(f.DoublePulled) != tt.double || len(f.PulledByNobody) != tt.nobody || f.PulledByNobodyAny != tt.gapAny {
+				t.Fatalf("figures %+v, want %d double, %d nobody, %d with restarts", f, tt.double, tt.nobody, tt.gapAny)
+			}
+		})
 	}
 }
 
@@ -70,18 +214,22 @@ func TestSequencedNeverMultiplyOwns(t *testing.T) {
 // cases, sequenced at zero everywhere.
 // checks P1, checks P2
 func TestSweep(t *testing.T) {
-	sum, err := Sweep(200, 1, Stale)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("independent: %+v", sum.Independent)
-	t.Logf("sequenced:   %+v", sum.Sequenced)
-	s := sum.Sequenced
-	if s.MaxMulti != 0 || s.Violations != 0 || s.StrandedUnitSteps != 0 {
-		t.Fatalf("sequenced: %+v", s)
-	}
-	if sum.Independent.CasesWithMulti == 0 {
-		t.Fatalf("independent never had a multiply-owned unit in %d cases", sum.Cases)
+	for _, m := range []Membership{Fixed, Live} {
+		t.Run(string(m), func(t *testing.T) {
+			sum, err := Sweep(200, 1, m, Stale)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("independent: %+v", sum.Independent)
+			t.Logf("sequenced:   %+v", sum.Sequenced)
+			s := sum.Sequenced
+			if s.MaxMulti != 0 || s.Violations != 0 || s.StrandedUnitSteps != 0 {
+				t.Fatalf("sequenced: %+v", s)
+			}
+			if sum.Independent.CasesWithMulti == 0 {
+				t.Fatalf("independent never had a multiply-owned unit in %d cases", sum.Cases)
+			}
+		})
 	}
 }
 
@@ -97,6 +245,7 @@ func TestScenarioValidate(t *testing.T) {
 		{"order is short", func(s *Scenario) { s.Order = []int{2, 1} }},
 		{"order names a stranger", func(s *Scenario) { s.Order = []int{0, 1, 3} }},
 		{"unknown views", func(s *Scenario) { s.Views = "psychic" }},
+		{"unknown membership", func(s *Scenario) { s.Membership = "elastic" }},
 	}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("good scenario: %v", err)

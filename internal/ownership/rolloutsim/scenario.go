@@ -10,7 +10,24 @@ import (
 // ErrInvalidScenario is wrapped by every error a bad Scenario causes.
 var ErrInvalidScenario = errors.New("invalid scenario")
 
-// Views says how soon independent workers see a change of membership.
+// Membership says which slots independent workers place over.
+type Membership string
+
+// Membership models.
+const (
+	// Fixed: every worker places over the fixed slots 0..Members-1, its
+	// own slot being its ordinal, whoever runs: what a fleet with a fixed
+	// replica count does, and what cmd/shardkeeper-worker --strategy
+	// independent does. It is the definition of the baseline ("capped
+	// rendezvous over a fixed slot set", design.md section 9).
+	Fixed Membership = "fixed"
+	// Live: every worker places over the slots of the members it sees
+	// running, as Views says; a restart reshuffles everyone's units.
+	Live Membership = "live"
+)
+
+// Views says how soon independent workers see a change of membership
+// under Live membership.
 type Views string
 
 // View models.
@@ -29,7 +46,11 @@ type Scenario struct {
 	Members int
 	// Order lists ordinals in restart order; empty means highest first.
 	Order []int
-	// Views is how independent workers see membership; empty means Stale.
+	// Membership is which slots independent workers place over; empty
+	// means Fixed.
+	Membership Membership
+	// Views is how independent workers see membership under Live
+	// membership; empty means Stale. Fixed membership ignores it.
 	Views Views
 }
 
@@ -47,12 +68,30 @@ func (sc Scenario) Validate() error {
 	if sc.Members < 1 || sc.Members > MaxMembers {
 		return fmt.Errorf("%w: members must be 1..%d, got %d", ErrInvalidScenario, MaxMembers, sc.Members)
 	}
+	switch sc.Membership {
+	case "", Fixed, Live:
+	default:
+		return fmt.Errorf("%w: membership must be %q or %q, got %q", ErrInvalidScenario, Fixed, Live, sc.Membership)
+	}
 	switch sc.Views {
 	case "", Stale, Fresh:
 	default:
 		return fmt.Errorf("%w: views must be %q or %q, got %q", ErrInvalidScenario, Stale, Fresh, sc.Views)
 	}
 	return validateOrder(sc.Order, sc.Members)
+}
+
+// Model returns the scenario's membership and views with the defaults
+// filled in (Fixed, and Stale for Live).
+func (sc Scenario) Model() (Membership, Views) {
+	m, v := sc.Membership, sc.Views
+	if m == "" {
+		m = Fixed
+	}
+	if v == "" {
+		v = Stale
+	}
+	return m, v
 }
 
 func validateOrder(order []int, members int) error {

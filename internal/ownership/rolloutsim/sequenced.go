@@ -11,6 +11,7 @@ const startEpoch = 1
 
 // sequencedSim replays plans through ownership.State.
 type sequencedSim struct {
+	members int
 	state   *ownership.State
 	counter *counter
 	// waiting are units a plan released and a later step claims.
@@ -31,6 +32,7 @@ func Sequenced(sc Scenario) (Run, error) {
 		return Run{}, fmt.Errorf("sequenced: %w", err)
 	}
 	s := &sequencedSim{
+		members: sc.Members,
 		state:   state,
 		counter: &counter{publishing: sc.From, from: sc.From, retired: state.Retired},
 		waiting: map[ownership.Unit]bool{},
@@ -84,7 +86,9 @@ func (s *sequencedSim) count(event string) {
 			}
 		}
 	}
-	s.run.Rows = append(s.run.Rows, s.counter.row(event, pulls, s.waiting))
+	row := s.counter.row(event, pulls, s.waiting)
+	row.AllUp = len(s.state.Live) == s.members
+	s.run.Rows = append(s.run.Rows, row)
 }
 
 // describe names a step for the table: its name, the epoch for fleet-wide

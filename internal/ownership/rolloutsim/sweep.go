@@ -35,19 +35,21 @@ type SweepSummary struct {
 	// Cases is how many scenarios were replayed, drawn from Seed.
 	Cases int
 	Seed  uint64
-	// Views is how independent workers saw membership.
-	Views Views
+	// Membership and Views are how independent workers placed.
+	Membership Membership
+	Views      Views
 	// Independent and Sequenced sum each strategy's runs.
 	Independent, Sequenced Totals
 }
 
 // Sweep replays cases random scenarios (N, old V, new V, member count and
-// restart order drawn from seed) under both strategies.
-func Sweep(cases int, seed uint64, views Views) (SweepSummary, error) {
+// restart order drawn from seed) under both strategies, independent
+// workers placing with the given membership and views.
+func Sweep(cases int, seed uint64, membership Membership, views Views) (SweepSummary, error) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
-	sum := SweepSummary{Cases: cases, Seed: seed, Views: views}
+	sum := SweepSummary{Cases: cases, Seed: seed, Membership: membership, Views: views}
 	for range cases {
-		sc := randomScenario(rng, views)
+		sc := randomScenario(rng, membership, views)
 		ind, err := Independent(sc)
 		if err != nil {
 			return sum, fmt.Errorf("sweep case %+v: %w", sc, err)
@@ -81,7 +83,7 @@ func (t *Totals) add(r Run, sc Scenario) {
 
 // randomScenario draws one change of V (N stays) with a random restart
 // order.
-func randomScenario(rng *rand.Rand, views Views) Scenario {
+func randomScenario(rng *rand.Rand, membership Membership, views Views) Scenario {
 	n := 1 + rng.IntN(sweepMaxPartitions)
 	from := 1 + rng.IntN(sweepMaxShards)
 	to := 1 + rng.IntN(sweepMaxShards-1)
@@ -90,10 +92,11 @@ func randomScenario(rng *rand.Rand, views Views) Scenario {
 	}
 	m := 1 + rng.IntN(sweepMaxMembers)
 	return Scenario{
-		From:    ownership.Topology{Partitions: n, Shards: from},
-		To:      ownership.Topology{Partitions: n, Shards: to},
-		Members: m,
-		Order:   rng.Perm(m),
-		Views:   views,
+		From:       ownership.Topology{Partitions: n, Shards: from},
+		To:         ownership.Topology{Partitions: n, Shards: to},
+		Members:    m,
+		Order:      rng.Perm(m),
+		Membership: membership,
+		Views:      views,
 	}
 }

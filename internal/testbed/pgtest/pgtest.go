@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -261,4 +262,28 @@ func binDir() (string, error) {
 func majorOf(binDir string) int {
 	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
 	return n
+}
+
+// SignalAll sends sig to the postmaster and every process it started
+// (backends, checkpointer, walwriter...): SIGSTOP on all of them is a hung
+// server, whose sockets accept but never answer; SIGCONT resumes it. The
+// children are read from /proc, so this works on Linux only.
+func (s *Server) SignalAll(sig syscall.Signal) error {
+	pids := []int{s.Pid()}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", s.Pid(), s.Pid()))
+	if err != nil {
+		return fmt.Errorf("list the postmaster's children: %w", err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	var errs []error
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("signal %d: %w", pid, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,0 +1,160 @@
+package historycheck
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Check decides every check of the package doc from in. It does not modify
+// in.
+func Check(in Input) Verdict {
+	c := &checker{in: in, ev: gatherEvidence(in.Processes), ex: examples{}}
+	v := Verdict{
+		Processes: len(in.Processes), Truncated: c.ev.truncated,
+		Deliveries: len(c.ev.deliveries), Settles: len(c.ev.settles), LoneSettles: len(c.ev.orphans),
+		Withheld: c.ev.withheld, Fetches: c.ev.fetches,
+		ClaimEvents: len(in.Claims), Leases: len(in.Leases), Epochs: len(in.Epochs),
+		SinkWrites: len(in.Sink), Published: len(in.Published),
+		ClaimChecksNA: in.NoRegistry, P2NA: in.NoRegistry || len(in.Epochs) == 0,
+	}
+	c.checkOverlap(&v)
+	if !v.ClaimChecksNA {
+		c.checkTokens(&v)
+	}
+	if !v.P2NA {
+		c.checkP2(&v)
+	}
+	c.checkLost(&v)
+	c.checkSink(&v)
+	c.ex.into(&v)
+	return v
+}
+
+// checker holds one Check's evidence and the examples it found.
+type checker struct {
+	in Input
+	ev *evidence
+	ex examples
+}
+
+// checkOverlap is P1 overlap: no two processes' windows on one unit overlap.
+func (c *checker) checkOverlap(v *Verdict) {
+	byUnit := map[string][]window{}
+	for i := range c.ev.deliveries {
+		d := &c.ev.deliveries[i]
+		byUnit[d.rec.Unit] = append(byUnit[d.rec.Unit], window{d.windowStart, d.windowEnd, d.proc, &d.action})
+	}
+	for i := range c.ev.orphans {
+		a := &c.ev.orphans[i]
+		byUnit[a.rec.Unit] = append(byUnit[a.rec.Unit], window{a.start, a.end, a.proc, a})
+	}
+	o := findOverlaps(byUnit)
+	v.OverlappingWindows, v.UnitsDoublePulled, v.MaxDoublePulled = o.pairs, o.units, o.maxAtOnce
+	for _, p := range o.firstByUnit {
+		c.ex.add(CheckOverlaps, p.b.start, fmt.Sprintf("unit %s: window [%s, %s] of %s overlaps window [%s, %s] of %s",
+			p.b.act.rec.Unit, fmtTime(p.a.start), fmtTime(p.a.end), c.describe(p.a.act),
+			fmtTime(p.b.start), fmtTime(p.b.end), c.describe(p.b.act)))
+	}
+}
+
+// checkTokens is P1 validity: deliveries, settles and sink writes each
+// happen under a token valid at their instant.
+func (c *checker) checkTokens(v *Verdict) {
+	t := indexTokens(c.in.Claims, c.in.Leases)
+	for i := range c.ev.deliveries {
+		d := &c.ev.deliveries[i].action
+		if why := t.invalid(d.rec.Unit, d.member, d.rec.Epoch, d.rec.Incarnation, d.start); why != "" {
+			v.StaleDeliveries++
+			c.ex.add(CheckStaleDeliveries, d.start, c.describe(d)+": "+why)
+		}
+	}
+	for i := range c.ev.settles {
+		a := &c.ev.settles[i]
+		if why := t.invalid(a.rec.Unit, a.member, a.rec.Epoch, a.rec.Incarnation, a.start); why != "" {
+			v.StaleAcks++
+			c.ex.add(CheckStaleAcks, a.start, c.describe(a)+": "+why)
+		}
+	}
+	for i := range c.in.Sink {
+		w := &c.in.Sink[i]
+		at := w.At.UnixNano()
+		if why := t.invalid(w.Unit, w.Member, w.Epoch, 0, at); why != "" {
+			v.StaleWrites++
+			c.ex.add(CheckStaleWrites, at, describeWrite(w)+": "+why)
+		}
+	}
+}
+
+// checkP2 is P2: claim decisions under their active epoch and its units,
+// deliveries only of units of an epoch activated by then, one active epoch
+// at a time.
+func (c *checker) checkP2(v *Verdict) {
+	e := indexEpochs(c.in.Epochs)
+	report := func(at int64, detail string) {
+		v.P2Violations++
+		c.ex.add(CheckP2, at, detail)
+	}
+	for i := range c.in.Claims {
+		cl := &c.in.Claims[i]
+		if cl.Op != OpClaim && cl.Op != OpAdopt {
+			continue
+		}
+		if why := e.claimViolation(cl); why != "" {
+			report(cl.At.UnixNano(), fmt.Sprintf("%s of unit %s by %s epoch %d at %s: %s", cl.Op, cl.Unit, cl.Owner, cl.Epoch, fmtTime(cl.At.UnixNano()), why))
+		}
+	}
+	for i := range c.ev.deliveries {
+		d := &c.ev.deliveries[i].action
+		if why := e.deliveryViolation(d.rec.Unit, d.start); why != "" {
+			report(d.start, c.describe(d)+": "+why)
+		}
+	}
+	e.together(report)
+}
+
+// checkLost is P3: every published row reached the sink.
+func (c *checker) checkLost(v *Verdict) {
+	written := make(map[string]bool, len(c.in.Sink))
+	for i := range c.in.Sink {
+		written[c.in.Sink[i].RowID] = true
+	}
+	var lost []string
+	for id := range c.in.Published {
+		if !written[id] {
+			lost = append(lost, id)
+		}
+	}
+	slices.Sort(lost)
+	v.Lost = len(lost)
+	v.LostIDs = lost[:min(len(lost), maxExamples)]
+	for _, id := range v.LostIDs {
+		c.ex.add(CheckLost, noInstant, fmt.Sprintf("row %s published to unit %s never reached the sink", id, c.in.Published[id]))
+	}
+}
+
+// describe names a record for a violation: process, kind, unit, member,
+// incarnation, epoch, row and times.
+func (c *checker) describe(a *action) string {
+	r := a.rec
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s unit %s member %s inc %d epoch %d", c.in.Processes[a.proc].Name, r.Kind, r.Unit, a.member, r.Incarnation, r.Epoch)
+	if r.RowID != "" {
+		fmt.Fprintf(&b, " row %s", r.RowID)
+	}
+	if r.NumDelivered != 0 {
+		fmt.Fprintf(&b, " delivery %d", r.NumDelivered)
+	}
+	fmt.Fprintf(&b, " at %s", fmtTime(a.start))
+	if a.end != a.start {
+		fmt.Fprintf(&b, " to %s", fmtTime(a.end))
+	}
+	if r.Detail != "" {
+		fmt.Fprintf(&b, " (%s)", r.Detail)
+	}
+	return b.String()
+}
+
+func describeWrite(w *SinkWrite) string {
+	return fmt.Sprintf("sink write of row %s unit %s by %s epoch %d at %s", w.RowID, w.Unit, w.Member, w.Epoch, fmtTime(w.At.UnixNano()))
+}

@@ -1,0 +1,74 @@
+package historycheck
+
+import (
+	"time"
+
+	"github.com/shardkeeper/shardkeeper/pkg/history"
+)
+
+// ClaimEvent is one entry of the registry's append-only claim history: the
+// state of one unit's claim row from At on.
+type ClaimEvent struct {
+	Unit        string
+	Owner       string // "" when free
+	Incarnation int64
+	Epoch       int64  // fencing epoch
+	State       string // "held", "handover", "free"
+	// Under is the topology epoch a claim or adopt was decided under; 0 for
+	// other ops.
+	Under int64
+	// Op is "claim", "adopt", "rehome", "release", "handover", "settle" ...;
+	// only "claim" and "adopt" are decisions P2 judges.
+	Op string
+	At time.Time // registry wall clock
+}
+
+// Claim states that make a claim's token valid.
+const (
+	StateHeld     = "held"
+	StateHandover = "handover"
+	StateFree     = "free"
+)
+
+// Claim ops that decide ownership under a topology epoch (P2).
+const (
+	OpClaim = "claim"
+	OpAdopt = "adopt"
+)
+
+// LeaseEvent is one join, renewal or leave of a member's lease.
+type LeaseEvent struct {
+	Member      string
+	Incarnation int64
+	At          time.Time
+	ExpiresAt   time.Time
+	Left        bool
+}
+
+// EpochSpan is one topology epoch's shape and active interval.
+type EpochSpan struct {
+	Number             int64
+	Partitions, Shards int
+	ActivatedAt        time.Time // zero: never active
+	RetiredAt          time.Time // zero: still active
+}
+
+// SinkWrite is one write the sink took.
+type SinkWrite struct {
+	RowID, Unit, Member string
+	Epoch               int64
+	At                  time.Time // registry/sink wall clock at insert
+}
+
+// Input is all the evidence of one run.
+type Input struct {
+	Processes []history.Process
+	Claims    []ClaimEvent
+	Leases    []LeaseEvent
+	Epochs    []EpochSpan
+	Sink      []SinkWrite
+	Published map[string]string // row id -> unit it was published to
+	// NoRegistry marks a baseline without claims (the independent strategy):
+	// the claim-based checks are reported n/a.
+	NoRegistry bool
+}

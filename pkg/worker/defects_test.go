@@ -1,0 +1,357 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/shardkeeper/shardkeeper/internal/fleettest"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
+	"github.com/shardkeeper/shardkeeper/pkg/worker"
+)
+
+// Regression tests for the defects found in review (issue "Correctness
+// defects found in review"), each named for the behaviour it pins, each
+// failing on the code before its fix. They run pkg/worker in the test
+// process so the fault lands exactly where the defect was.
+
+// slowHandler acks after d, or naks when its context ends first.
+func slowHandler(d time.Duration) worker.Handler {
+	return func(ctx context.Context, _ worker.Row) worker.Settlement {
+		select {
+		case <-time.After(d):
+			return worker.Ack
+		case <-ctx.Done():
+			return worker.Nak
+		}
+	}
+}
+
+// Defect 1: a handover whose drain outlasts the lease must not starve
+// renewals. The handler takes longer than the whole lease, the drain
+// timeout is longer still; the member must hand over (and shut down) on
+// the same incarnation, never fencing itself.
+//
+// checks P5 (liveness: a healthy member keeps its lease)
+func TestRenewalsContinueWhileAHandoverDrains(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, DrainTimeout: 6 * time.Second})
+	ttl := f.Opts.Params.LeaseTTL
+	a := startSDK(t, f, "w-0", slowHandler(ttl+time.Second), nil)
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+	pub := f.StartPublisher(ownership.Topology{Partitions: 1, Shards: 2}, 20)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if len(a.records(history.KindDeliver, "")) < 2 {
+			return fmt.Errorf("no rows in the slow handler yet")
+		}
+		return nil
+	})
+	// A drain request moves both units away: their drains wait on the
+	// slow handler, longer than the lease.
+	ctx := context.Background()
+	if err := f.Registry.SetDraining(ctx, f.Topology, "w-0", true); err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := len(a.w.Status().Held); n != 0 {
+			return fmt.Errorf("still holds %d units", n)
+		}
+		return nil
+	})
+	pub.Stop()
+	if err := a.stop(30 * time.Second); err != nil {
+		t.Fatalf("graceful shutdown after a slow drain: %v", err)
+	}
+	if n := a.counter(t, "shardkeeper_worker_fences_total"); n != 0 {
+		t.Fatalf("a healthy member fenced itself %v times during a drain longer than its lease", n)
+	}
+	if n := a.counter(t, "shardkeeper_worker_joins_total"); n != 1 {
+		t.Fatalf("the member joined %v times, want 1 (it lost its lease)", n)
+	}
+}
+
+// Defect 1, shutdown half: a graceful stop with a slow drain keeps the
+// lease renewed until the member has left, instead of falling into the
+// crash path.
+//
+// checks P5 (liveness)
+func TestShutdownKeepsRenewingWhileItDrains(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 1, DrainTimeout: 6 * time.Second})
+	ttl := f.Opts.Params.LeaseTTL
+	a := startSDK(t, f, "w-0", slowHandler(ttl+2*time.Second), nil)
+	waitHolding(t, a, 30*time.Second, "0.0")
+	pub := f.StartPublisher(ownership.Topology{Partitions: 1, Shards: 1}, 10)
+	defer pub.Stop()
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if len(a.records(history.KindDeliver, "")) < 1 {
+			return fmt.Errorf("no row in the slow handler yet")
+		}
+		return nil
+	})
+	if err := a.stop(30 * time.Second); err != nil {
+		t.Fatalf("graceful shutdown: %v", err)
+	}
+	if n := a.counter(t, "shardkeeper_worker_fences_total"); n != 0 {
+		t.Fatalf("the member fenced itself %v times while shutting down", n)
+	}
+	snap, err := f.Registry.Snapshot(context.Background(), f.Topology)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := snap.Member("w-0"); m == nil || !m.Left || m.Holds != 0 {
+		t.Fatalf("after shutdown the registry shows %+v, want left holding nothing", m)
+	}
+}
+
+// Defect 2: a Fence that reaches the registry after the worker recovered
+// (and lifted it) must not leave the member fenced there: the next epoch's
+// units are claimed.
+//
+// checks P5 (liveness), P3
+func TestALateFenceDoesNotLeaveTheMemberFenced(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	a := startSDK(t, f, "w-0", nil, nil)
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+
+	// Hold renewals past the self-fence; the fence's registry call
+	// "times out" and lands 2 renew intervals after the recovery.
+	p := f.Opts.Params
+	a.reg.mu.Lock()
+	a.reg.lateFence = p.LeaseTTL
+	a.reg.mu.Unlock()
+	a.reg.holdRenewals()
+	fleettest.Eventually(t, 10*time.Second, func() error {
+		if !a.w.Status().Fenced {
+			return fmt.Errorf("not fenced yet")
+		}
+		return nil
+	})
+	a.reg.releaseRenewals()
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+	a.reg.late.Wait() // the late Fence has landed
+
+	f.ChangeTopology(1, 4)
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1", "0.2", "0.3")
+	snap, err := f.Registry.Snapshot(context.Background(), f.Topology)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := snap.Member("w-0"); m == nil || m.Fenced {
+		t.Fatalf("registry shows the member fenced after it recovered: %+v", m)
+	}
+}
+
+// Defect 6: when a handover's drain times out, the rest of the batch is
+// nak'd (the next owner gets it at once), not withheld until ack wait.
+//
+// checks P3 (delay)
+func TestDrainTimeoutNaksTheRestOfTheBatch(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 1, AckWait: time.Minute, DrainTimeout: time.Second})
+	block := make(chan struct{})
+	defer close(block)
+	stuck := func(ctx context.Context, _ worker.Row) worker.Settlement {
+		select {
+		case <-block:
+		case <-ctx.Done():
+		}
+		return worker.Nak
+	}
+	a := startSDK(t, f, "w-0", stuck, func(o *worker.Options) { o.FetchBatch = 20 })
+	waitHolding(t, a, 30*time.Second, "0.0")
+	rows := f.PublishBurst([]ownership.Unit{{}}, 20)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if len(a.records(history.KindDeliver, "0.0")) == 0 {
+			return fmt.Errorf("no row delivered yet")
+		}
+		return nil
+	})
+	b := startSDK(t, f, "w-1", nil, nil)
+	if err := f.Registry.SetDraining(context.Background(), f.Topology, "w-0", true); err != nil {
+		t.Fatal(err)
+	}
+	// Every row reaches w-1 well before the minute of ack wait.
+	start := time.Now()
+	fleettest.Eventually(t, 20*time.Second, func() error {
+		got := map[string]bool{}
+		for _, r := range b.records(history.KindAck, "0.0") {
+			got[r.RowID] = true
+		}
+		for id := range rows {
+			if !got[id] {
+				return fmt.Errorf("row %s not acked by w-1 yet (%d/%d)", id, len(got), len(rows))
+			}
+		}
+		return nil
+	})
+	naks, withheld := len(a.records(history.KindNak, "0.0")), len(a.records(history.KindWithheld, "0.0"))
+	t.Logf("drain timeout: w-0 nak'd %d rows and withheld %d; w-1 had all %d within %s", naks, withheld, len(rows), time.Since(start).Round(time.Millisecond))
+	if withheld != 0 {
+		t.Fatalf("w-0 withheld %d rows at its drain timeout instead of nak'ing them", withheld)
+	}
+}
+
+// Defect 8: a member fenced while its claims were in flight adopts
+// nothing on NATS (no UNPIN, no RESET, no pull) until its fence lifts.
+//
+// checks P5
+func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, AckWait: time.Minute})
+	f.PublishCensus(natsops.DefaultFloor.String())
+	x := startSDK(t, f, "w-x", nil, nil)
+	waitHolding(t, x, 30*time.Second, "0.0", "0.1")
+	// w-x stops renewing: its lease lapses, then the grace passes.
+	x.reg.holdRenewals()
+	p := f.Opts.Params
+	fleettest.Eventually(t, 20*time.Second, func() error {
+		snap, err := f.Registry.Snapshot(context.Background(), f.Topology)
+		if err != nil {
+			return err
+		}
+		if m := snap.Member("w-x"); m == nil || snap.Now.Before(m.LeaseExpiresAt.Add(p.Grace)) {
+			return fmt.Errorf("w-x's units not adoptable yet")
+		}
+		return nil
+	})
+
+	// w-0's first claims (adoptions) wait on the gate. A wide fence
+	// margin makes it fence itself well before the registry could see
+	// its lease expire, so the claims still commit once the gate opens.
+	gate := make(chan struct{})
+	a := startSDK(t, f, "w-0", nil, func(o *worker.Options) {
+		o.Registry.(*faultyRegistry).claimGate = gate
+		o.FenceMargin = p.LeaseTTL * 3 / 4
+	})
+	fleettest.Eventually(t, 10*time.Second, func() error {
+		if a.w.Status().Incarnation == 0 {
+			return fmt.Errorf("w-0 has not joined yet")
+		}
+		return nil
+	})
+	a.reg.holdRenewals()
+	fleettest.Eventually(t, 10*time.Second, func() error {
+		if !a.w.Status().Fenced {
+			return fmt.Errorf("w-0 not fenced yet")
+		}
+		return nil
+	})
+	close(gate)
+	fleettest.Eventually(t, 10*time.Second, func() error {
+		cs, err := f.Registry.Claims(context.Background(), f.Topology)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if c.Owner != "w-0" {
+				return fmt.Errorf("unit %s not yet adopted by w-0 (owner %q)", c.Unit, c.Owner)
+			}
+		}
+		return nil
+	})
+	if !a.w.Status().Fenced {
+		t.Fatal("setup: w-0's fence lifted before its claims returned")
+	}
+	lift := history.Now()
+	a.reg.releaseRenewals()
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+	for _, k := range []history.Kind{history.KindReset, history.KindDeliver, history.KindFetch} {
+		for _, r := range a.records(k, "") {
+			if r.Start < lift {
+				t.Fatalf("w-0 recorded %s on %s while fenced (before its fence lifted)", k, r.Unit)
+			}
+		}
+	}
+}
+
+// Defect 9: when the reply to an adopting claim is lost, the retry (a
+// no-op in the registry) still reports the adoption, so the consumer is
+// RESET and the dead owner's unacked rows come back before ack wait.
+//
+// checks P4
+func TestALostAdoptionReplyStillResetsTheConsumer(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 1, AckWait: time.Minute})
+	f.PublishCensus(natsops.DefaultFloor.String())
+	// w-x pulls a row, never acks it, and dies.
+	block := make(chan struct{})
+	defer close(block)
+	x := startSDK(t, f, "w-x", func(ctx context.Context, _ worker.Row) worker.Settlement {
+		select {
+		case <-block:
+		case <-ctx.Done():
+		}
+		return worker.Abandon
+	}, nil)
+	waitHolding(t, x, 30*time.Second, "0.0")
+	rows := f.PublishBurst([]ownership.Unit{{}}, 1)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if len(x.records(history.KindDeliver, "0.0")) == 0 {
+			return fmt.Errorf("w-x has not taken the row yet")
+		}
+		return nil
+	})
+	x.reg.holdRenewals()
+
+	a := startSDK(t, f, "w-0", nil, func(o *worker.Options) {})
+	a.reg.mu.Lock()
+	a.reg.loseClaimReply = true
+	a.reg.mu.Unlock()
+	start := time.Now()
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		for id := range rows {
+			for _, r := range a.records(history.KindAck, "0.0") {
+				if r.RowID == id {
+					return nil
+				}
+			}
+			return fmt.Errorf("row %s not redelivered to w-0 yet", id)
+		}
+		return nil
+	})
+	if len(a.records(history.KindReset, "0.0")) == 0 {
+		t.Fatalf("no RESET after the adoption whose reply was lost")
+	}
+	t.Logf("the dead owner's unacked row reached w-0 %s after it started (ack wait 1m)", time.Since(start).Round(time.Millisecond))
+}
+
+// Defect 10: a unit whose handover intent the registry confirms after a
+// fence gets no puller; the member releases it.
+//
+// checks P1
+func TestRecoveryDoesNotRestartAUnitInHandover(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	a := startSDK(t, f, "w-0", nil, nil)
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+	ctx := context.Background()
+	tok := a.token(t, "0.1")
+	a.reg.holdRenewals()
+	fleettest.Eventually(t, 10*time.Second, func() error {
+		if !a.w.Status().Fenced {
+			return fmt.Errorf("not fenced yet")
+		}
+		return nil
+	})
+	// While w-0 is fenced, its unit 0.1 gets a handover intent.
+	if err := f.Registry.Handover(ctx, tok, ""); err != nil {
+		t.Fatal(err)
+	}
+	lift := history.Now()
+	a.reg.releaseRenewals()
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		cs, err := f.Registry.Claims(ctx, f.Topology)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if c.Unit == "0.1" && c.Owner == "w-0" && c.Epoch == tok.Epoch {
+				return fmt.Errorf("0.1 still held by w-0 at epoch %d (%s)", c.Epoch, c.State)
+			}
+		}
+		return nil
+	})
+	for _, r := range a.records(history.KindFetch, "0.1") {
+		if r.Start > lift && r.Epoch == tok.Epoch {
+			t.Fatalf("w-0 pulled 0.1 under the handed-over claim after recovering")
+		}
+	}
+}

@@ -1,0 +1,224 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardkeeper/shardkeeper/internal/fleettest"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
+	"github.com/shardkeeper/shardkeeper/pkg/worker"
+)
+
+// This file runs pkg/worker itself in the test process, against the
+// fleet's real PostgreSQL and NATS, for the defects that need a fault
+// placed exactly: a registry call delayed, a reply lost, a renewal held.
+// The faults wrap the real registry; nothing of the SDK is re-implemented.
+
+// faultyRegistry is the real registry with faults a test arms.
+type faultyRegistry struct {
+	poolctl.Registry
+
+	mu sync.Mutex
+	// renewGate, when set, holds every Renew until it is closed (or the
+	// call's context ends), like a registry that stopped answering.
+	renewGate chan struct{}
+	// lateFence, when set, makes the next Fence report a timeout at once
+	// and reach the registry only that much later: a request that arrived
+	// after the caller gave up on it.
+	lateFence time.Duration
+	// loseClaimReply makes the next ClaimMany commit and lose its reply.
+	loseClaimReply bool
+	// claimGate, when set, holds the next ClaimMany until it is closed.
+	claimGate chan struct{}
+	// late counts late requests still in flight.
+	late sync.WaitGroup
+}
+
+func (r *faultyRegistry) Renew(ctx context.Context, m poolctl.MemberRef) (poolctl.Lease, error) {
+	r.mu.Lock()
+	gate := r.renewGate
+	r.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return poolctl.Lease{}, fmt.Errorf("renew held by the test: %w", ctx.Err())
+		}
+	}
+	return r.Registry.Renew(ctx, m)
+}
+
+func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int64) error {
+	r.mu.Lock()
+	late := r.lateFence
+	r.lateFence = 0
+	r.mu.Unlock()
+	if late == 0 {
+		return r.Registry.Fence(ctx, m, gen)
+	}
+	r.late.Add(1)
+	go func() {
+		defer r.late.Done()
+		time.Sleep(late) // the request's time in a slow network
+		_ = r.Registry.Fence(context.Background(), m, gen)
+	}()
+	return fmt.Errorf("fence: %w", context.DeadlineExceeded)
+}
+
+func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, under int64, units []string) ([]poolctl.ClaimOutcome, error) {
+	r.mu.Lock()
+	lose, gate := r.loseClaimReply, r.claimGate
+	r.loseClaimReply, r.claimGate = false, nil
+	r.mu.Unlock()
+	if gate != nil {
+		<-gate
+		ctx = context.Background() // the request was sent; it completes
+	}
+	outs, err := r.Registry.ClaimMany(ctx, m, under, units)
+	if lose && err == nil {
+		return nil, errors.New("claim reply lost (test)")
+	}
+	return outs, err
+}
+
+func (r *faultyRegistry) holdRenewals() chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.renewGate = make(chan struct{})
+	return r.renewGate
+}
+
+func (r *faultyRegistry) releaseRenewals() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.renewGate != nil {
+		close(r.renewGate)
+		r.renewGate = nil
+	}
+}
+
+// sdkWorker is pkg/worker running in the test process.
+type sdkWorker struct {
+	w        *worker.Worker
+	reg      *faultyRegistry
+	hist     *history.Memory
+	metrics  *prometheus.Registry
+	cancel   context.CancelFunc
+	done     chan error
+	topology string
+}
+
+// startSDK runs a worker named member on the fleet, with handler (nil:
+// ack every row) and the options tweak changes.
+func startSDK(t *testing.T, f *fleettest.Fleet, member string, handler worker.Handler, tweak func(*worker.Options)) *sdkWorker {
+	t.Helper()
+	ctx := context.Background()
+	pg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.DSN, MaxConns: 8, SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Close)
+	if handler == nil {
+		handler = func(context.Context, worker.Row) worker.Settlement { return worker.Ack }
+	}
+	s := &sdkWorker{reg: &faultyRegistry{Registry: pg}, hist: &history.Memory{}, metrics: prometheus.NewRegistry(),
+		done: make(chan error, 1), topology: f.Topology}
+	o := worker.Options{Topology: f.Topology, Member: member, Registry: s.reg, NATS: f.NATS.Connect(-1), Handler: handler,
+		DrainTimeout: f.Opts.DrainTimeout, History: s.hist, Metrics: s.metrics}
+	if tweak != nil {
+		tweak(&o)
+	}
+	s.w, err = worker.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	go func() { s.done <- s.w.Run(runCtx) }()
+	t.Cleanup(func() {
+		s.stop(30 * time.Second)
+		s.reg.late.Wait()
+	})
+	return s
+}
+
+// stop ends Run (a graceful shutdown) and returns its error.
+func (s *sdkWorker) stop(timeout time.Duration) error {
+	s.cancel()
+	select {
+	case err := <-s.done:
+		s.done <- err // later callers see it too
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("worker did not stop within %s", timeout)
+	}
+}
+
+// counter reads one of the worker's counters (summed over labels).
+func (s *sdkWorker) counter(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := s.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// token is the worker's current claim on unit.
+func (s *sdkWorker) token(t *testing.T, unit string) poolctl.Token {
+	t.Helper()
+	st := s.w.Status()
+	epoch, ok := st.Held[unit]
+	if !ok {
+		t.Fatalf("%s does not hold %s", st.Member, unit)
+	}
+	return poolctl.Token{Topology: s.topology, Unit: unit, Member: st.Member, Epoch: epoch}
+}
+
+// records returns the worker's history records of kind k for unit ("" for
+// every unit).
+func (s *sdkWorker) records(k history.Kind, unit string) []history.Record {
+	var out []history.Record
+	for _, r := range s.hist.Records() {
+		if r.Kind == k && (unit == "" || r.Unit == unit) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// waitHolding waits until the worker holds exactly units (by name).
+func waitHolding(t *testing.T, s *sdkWorker, timeout time.Duration, units ...string) {
+	t.Helper()
+	fleettest.Eventually(t, timeout, func() error {
+		st := s.w.Status()
+		if st.Fenced {
+			return errors.New("fenced")
+		}
+		for _, u := range units {
+			if _, ok := st.Held[u]; !ok {
+				return fmt.Errorf("does not hold %s yet: %v", u, st.Held)
+			}
+		}
+		if len(st.Held) != len(units) {
+			return fmt.Errorf("holds %v, want %v", st.Held, units)
+		}
+		return nil
+	})
+}
