@@ -22,7 +22,9 @@ import (
 // than their own bound. Without system credentials, or when the census
 // fails, the verdict refuses RESET (fail closed); takeover then waits for
 // ack_wait. A floor not met does not stall the topology: it only turns
-// RESET off.
+// RESET off. The census also counts each unit consumer's pending rows,
+// which status uses to find owned units whose rows wait; the first
+// reconcile after an operator start takes one, so those counts exist.
 
 // DefaultCensusInterval is how often the census runs when nothing else
 // asks for one.

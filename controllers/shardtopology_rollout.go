@@ -145,7 +145,8 @@ var (
 //	StalePending   -                                  retire pending   Abort
 //	Freezing       paused                             hold             Activate
 //	Freezing       a live member has not acked        wait (1s)        Freeze
-//	Freezing       -                                  activate         Activate -> Claim
+//	Freezing       -                                  activate, move   Activate -> Claim
+//	                                                  the transform
 //	ChangeWanted   abort annotation                   hold (stalled)   Abort
 //	ChangeWanted   a pod roll is in flight            wait (1s)        Provision
 //	ChangeWanted   paused                             hold             Provision
@@ -154,6 +155,10 @@ var (
 //	Retiring       paused                             hold             Retire
 //	Retiring       -                                  retire drained   Retire
 //	Steady         -                                  keep provisioned -
+//
+// Claiming, Retiring and Steady keep the active shape provisioned (with
+// its subject transform on its own V) before anything else. After the
+// table, publishRetiring writes the retiring set when it changed.
 var changeRules = []changeRule{
 	{stateUnprovisioned, "abort annotation set", isAborted, actHoldAborted},
 	{stateUnprovisioned, "paused", isPaused, actHold(topologyv1.StepProvision)},
