@@ -24,6 +24,10 @@ func main() {
 	fs.BoolVar(&o.LeaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles at a time")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "shardkeeper.topology.shardkeeper.dev", "name of the leader election Lease")
+	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", 0, "how long a non-leader waits before taking over a lease its holder stopped renewing (0: 15s)")
+	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", 0, "how long the leader keeps retrying to renew before it steps down (0: 10s)")
+	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", 0, "how often leader election clients retry (0: 2s)")
+	fs.DurationVar(&o.CensusInterval, "census-interval", 0, "how often each topology's NATS census runs at least (0: 30s)")
 	fs.DurationVar(&o.RegistryTimeout, "registry-timeout", 0, "bound of each registry operation of the operator (0: 10s); a registry that does not answer within it is reported in status")
 	logOpts.BindFlags(fs)
 	_ = fs.Parse(os.Args[1:]) // ExitOnError: Parse exits on bad flags

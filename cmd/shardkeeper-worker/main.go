@@ -63,8 +63,12 @@ type config struct {
 	// handlerDelay is a test knob: the sink waits this long before each
 	// write, like a slow database, so tests can catch rows in flight.
 	handlerDelay time.Duration
-	fetchBatch   int
-	verbosity    int
+	// handlerDelayFile is a test knob too: while this file exists, the
+	// sink also waits the duration written in it before each write, so a
+	// test can slow one running worker down and speed it up again.
+	handlerDelayFile string
+	fetchBatch       int
+	verbosity        int
 	// strategy is "sequenced" (the registry protocol) or "independent"
 	// (the baseline: capped rendezvous of partitions x shards over the
 	// fixed slots 0..replicas-1, fixed at start).
@@ -97,6 +101,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "bound on a handover's wait for delivered rows")
 	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
 	fs.DurationVar(&c.handlerDelay, "handler-delay", envDuration(getenv, "WORKER_HANDLER_DELAY"), "test knob: wait this long before each sink write, like a slow sink (env WORKER_HANDLER_DELAY)")
+	fs.StringVar(&c.handlerDelayFile, "handler-delay-file", env("WORKER_HANDLER_DELAY_FILE", ""), "test knob: while this file exists, also wait the duration written in it before each sink write (env WORKER_HANDLER_DELAY_FILE)")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity")
 	fs.StringVar(&c.strategy, "strategy", env("WORKER_STRATEGY", "sequenced"), "sequenced, or independent (a baseline for comparison) (env WORKER_STRATEGY)")
 	fs.IntVar(&c.partitions, "partitions", envInt(getenv, "PARTITIONS"), "independent strategy only: N (env PARTITIONS)")

@@ -46,7 +46,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	s.delay = cfg.handlerDelay
+	s.delay, s.delayFile = cfg.handlerDelay, cfg.handlerDelayFile
 
 	rec, err := openHistory(cfg)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,7 +45,10 @@ SELECT (SELECT count(*) FROM shardkeeper_sink_writes WHERE id = $5) FROM ins`
 type sink struct {
 	pool *pgxpool.Pool
 	// delay is waited before each write (a test knob).
-	delay      time.Duration
+	delay time.Duration
+	// delayFile, while it exists, holds a duration also waited before
+	// each write (a test knob).
+	delayFile  string
 	written    prometheus.Counter
 	duplicates prometheus.Counter
 	refused    prometheus.Counter
@@ -86,11 +91,11 @@ func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer)
 // write is the worker's Handler: ack only after commit; leave a refused
 // (stale) row unsettled for its new owner; nak on a database error.
 func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
-	if s.delay > 0 {
+	if d := s.delay + s.fileDelay(); d > 0 {
 		select {
 		case <-ctx.Done():
 			return worker.Nak
-		case <-time.After(s.delay):
+		case <-time.After(d):
 		}
 	}
 	args := append(poolctl.GuardArgs(row.Token), worker.DefaultRowID(row))
@@ -112,3 +117,17 @@ func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
 }
 
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+
+// fileDelay reads the delay test knob's file: the duration written in it,
+// 0 when there is no file or it does not hold one.
+func (s *sink) fileDelay() time.Duration {
+	if s.delayFile == "" {
+		return 0
+	}
+	b, err := os.ReadFile(s.delayFile)
+	if err != nil {
+		return 0
+	}
+	d, _ := time.ParseDuration(strings.TrimSpace(string(b)))
+	return d
+}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -44,6 +46,31 @@ type Options struct {
 	// Topology is the registry key, "namespace/name" (default
 	// "default/fleet").
 	Topology string
+	// NATS, when set, is a running cluster to use instead of starting
+	// in-process servers (e.g. separate server processes a test kills).
+	NATS NATS
+	// PG, when set, is a running PostgreSQL server to create the fleet's
+	// database on instead of starting one.
+	PG *pgtest.Server
+	// SubjectPrefix of the streams (default "shardkeeper"), so fleets
+	// sharing a NATS cluster keep apart.
+	SubjectPrefix string
+	// Assignment says who picks a row's shard (default: the publisher).
+	Assignment natsops.ShardAssignment
+}
+
+// NATS is the cluster a fleet runs on: in-process servers
+// (natstest.Cluster) or separate server processes
+// (natstest.ProcCluster). Connections it opens are closed when the test
+// that asked for them ends.
+type NATS interface {
+	// URLs are the client URLs of every server, without credentials.
+	URLs() []string
+	// Connect connects as the application user to server i (every
+	// server when i is negative).
+	Connect(i int, opts ...nats.Option) *nats.Conn
+	// ConnectSys connects as the system account user.
+	ConnectSys(i int, opts ...nats.Option) *nats.Conn
 }
 
 // FastParams are lease parameters that keep takeover tests short while
@@ -55,14 +82,19 @@ func FastParams() poolctl.Params {
 
 // Fleet is a running fleet.
 type Fleet struct {
-	T        testing.TB
-	Opts     Options
-	NATS     *natstest.Cluster
-	PG       *pgtest.Server
-	DSN      string
-	Registry *poolctl.PG
-	Topology string
-	Layout   natsops.Layout
+	T    testing.TB
+	Opts Options
+	NATS NATS
+	PG   *pgtest.Server
+	// DSN reaches the fleet's database directly: the registry, sink and
+	// evidence reads of the test.
+	DSN string
+	// ClientDSN is what workers get as REGISTRY_DSN: DSN unless a test
+	// puts something between them and the database (a fault proxy).
+	ClientDSN string
+	Registry  *poolctl.PG
+	Topology  string
+	Layout    natsops.Layout
 	// HistoryDir is where every worker of the fleet writes its delivery
 	// history (one file per process).
 	HistoryDir string
@@ -107,10 +139,19 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	if o.Topology == "" {
 		o.Topology = "default/fleet"
 	}
+	if o.SubjectPrefix == "" {
+		o.SubjectPrefix = "shardkeeper"
+	}
 	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}, HistoryDir: t.TempDir()}
-	f.NATS = natstest.StartCluster(t, o.Servers)
-	f.PG = pgtest.New(t)
+	f.NATS, f.PG = o.NATS, o.PG
+	if f.NATS == nil {
+		f.NATS = natstest.StartCluster(t, o.Servers)
+	}
+	if f.PG == nil {
+		f.PG = pgtest.New(t)
+	}
 	f.DSN = f.PG.NewTestDatabase(t)
+	f.ClientDSN = f.DSN
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.DSN})
@@ -122,8 +163,8 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	if err := reg.EnsureTopology(ctx, f.Topology, o.Params); err != nil {
 		t.Fatalf("ensure topology: %v", err)
 	}
-	f.Layout = natsops.Layout{SubjectPrefix: "shardkeeper", ConsumerName: "ingest", Replicas: o.Replicas,
-		PinnedTTL: 30 * time.Second, AckWait: o.AckWait, Partitions: o.Partitions, Shards: o.Shards}
+	f.Layout = natsops.Layout{SubjectPrefix: o.SubjectPrefix, ConsumerName: "ingest", Replicas: o.Replicas,
+		PinnedTTL: 30 * time.Second, AckWait: o.AckWait, Partitions: o.Partitions, Shards: o.Shards, Assignment: o.Assignment}
 	t.Cleanup(f.StopAll)
 	return f
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 )
 
@@ -61,19 +62,39 @@ func (p *Publisher) run(rate int) {
 		p.mu.Unlock()
 		u := units[n%len(units)]
 		id := fmt.Sprintf("row-%08d", n)
-		msg := &nats.Msg{Subject: p.f.Layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{}, Data: []byte(id)}
+		msg := &nats.Msg{Subject: p.subject(u, id), Header: nats.Header{}, Data: []byte(id)}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := p.js.PublishMsg(ctx, msg)
 		cancel()
 		p.mu.Lock()
 		if err == nil {
-			p.acked[id] = u
+			p.acked[id] = p.recorded(u)
 		} else {
 			p.failed++
 		}
 		p.mu.Unlock()
 	}
+}
+
+// subject is where row id of unit u goes: the unit's own subject when
+// publishers pick the shard, the partition's input subject keyed by the
+// row id under a subject transform (NATS picks the shard).
+func (p *Publisher) subject(u ownership.Unit, id string) string {
+	if p.f.Layout.Assignment == natsops.AssignByTransform {
+		return p.f.Layout.RowSubject(u.Partition, id)
+	}
+	return p.f.Layout.ShardSubject(u.Partition, u.Shard, id)
+}
+
+// recorded is the unit a published row is recorded under: u, or only its
+// partition (shard -1) under a subject transform, where the publisher does
+// not know the shard.
+func (p *Publisher) recorded(u ownership.Unit) ownership.Unit {
+	if p.f.Layout.Assignment == natsops.AssignByTransform {
+		return ownership.Unit{Partition: u.Partition, Shard: -1}
+	}
+	return u
 }
 
 // Stop stops publishing and returns the ids the stream acknowledged.

@@ -31,11 +31,18 @@ type Worker struct {
 // Env is the environment a reference worker of this fleet needs, apart
 // from its health address.
 func (f *Fleet) Env(member string) []string {
+	urls := make([]string, 0, len(f.NATS.URLs()))
+	for _, u := range f.NATS.URLs() {
+		urls = append(urls, natstest.UserURL(u, natstest.AppUser, natstest.AppPassword))
+	}
 	return []string{
 		"SHARDKEEPER_TOPOLOGY=" + f.Topology,
 		"POD_NAME=" + member,
-		"NATS_URL=" + natstest.UserURL(f.NATS.URLs()[0], natstest.AppUser, natstest.AppPassword),
-		"REGISTRY_DSN=" + f.DSN,
+		// Every server, so a worker starting while one is down connects
+		// to another.
+		"NATS_URL=" + strings.Join(urls, ","),
+		"REGISTRY_DSN=" + f.ClientDSN,
+		"SUBJECT_PREFIX=" + f.Layout.SubjectPrefix,
 		"WORKER_HISTORY_DIR=" + f.HistoryDir,
 	}
 }

@@ -35,6 +35,11 @@ type Options struct {
 	LeaderElectionNamespace string
 	// LeaderElectionID names the Lease.
 	LeaderElectionID string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election;
+	// zero means controller-runtime's defaults (15s, 10s, 2s). A replica
+	// that dies without stepping down keeps the others waiting for up to
+	// LeaseDuration.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Cache restricts what the manager watches (tests limit it to one
 	// namespace); the zero value watches everything.
 	Cache cache.Options
@@ -79,6 +84,9 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		// Step down at once on SIGTERM so a new leader need not wait out
 		// the lease.
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 nonZero(o.LeaseDuration),
+		RenewDeadline:                 nonZero(o.RenewDeadline),
+		RetryPeriod:                   nonZero(o.RetryPeriod),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -110,4 +118,13 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		return nil, fmt.Errorf("add readiness check: %w", err)
 	}
 	return mgr, nil
+}
+
+// nonZero is d as controller-runtime's optional durations take it: nil
+// for zero, so its default applies.
+func nonZero(d time.Duration) *time.Duration {
+	if d == 0 {
+		return nil
+	}
+	return &d
 }

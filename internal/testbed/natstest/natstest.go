@@ -224,6 +224,14 @@ func (c *Cluster) connect(i int, user, pass string, opts []nats.Option) *nats.Co
 	return connectURL(c.tb, u, user, pass, opts)
 }
 
+// ConnectURL connects to u (one URL or several, comma-separated) as user
+// and closes the connection when tb ends. Tests whose subtests share a
+// cluster connect through it, so a failure is the subtest's.
+func ConnectURL(tb testing.TB, u, user, pass string, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
+	return connectURL(tb, u, user, pass, opts)
+}
+
 func connectURL(tb testing.TB, u, user, pass string, opts []nats.Option) *nats.Conn {
 	tb.Helper()
 	opts = append([]nats.Option{nats.UserInfo(user, pass), nats.Name(tb.Name())}, opts...)

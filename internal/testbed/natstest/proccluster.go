@@ -120,6 +120,15 @@ func (c *ProcCluster) Shutdown() {
 // running server as a current peer it places assets on.
 func (c *ProcCluster) WaitJetStream(timeout time.Duration) {
 	c.tb.Helper()
+	if err := c.Ready(timeout); err != nil {
+		c.tb.Fatal(err)
+	}
+}
+
+// Ready is WaitJetStream returning an error instead of failing the test
+// that started the cluster, for callers in other goroutines or subtests
+// (a test that kills and restarts a server while others watch).
+func (c *ProcCluster) Ready(timeout time.Duration) error {
 	var running []string
 	for i, p := range c.Procs {
 		if p.Running() && !c.Configs[i].NoJetStream {
@@ -127,19 +136,19 @@ func (c *ProcCluster) WaitJetStream(timeout time.Duration) {
 		}
 	}
 	if len(running) == 0 {
-		return
+		return nil
 	}
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
 		ok, why := c.jetStreamReady(running)
 		if ok {
-			return
+			return nil
 		}
 		last = why
 		time.Sleep(50 * time.Millisecond)
 	}
-	c.tb.Fatalf("JetStream of process cluster %s not ready within %s: %s", c.Name, timeout, last)
+	return fmt.Errorf("JetStream of process cluster %s not ready within %s: %s", c.Name, timeout, last)
 }
 
 // statsz is the part of a $SYS.REQ.SERVER.PING.STATSZ reply readiness

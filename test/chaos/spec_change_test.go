@@ -1,0 +1,205 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+)
+
+// Scenarios 8, 9 and 11: the spec and the abort annotation changing under
+// a rollout.
+
+// changedWhilePending changes the spec to second and, while second's
+// epoch is pending (Freezing), to third: the stale pending epoch must be
+// retired without ever being active, third must go through, and nothing
+// may be left behind.
+func changedWhilePending(second, third ownership.Topology) func(*scene) {
+	return func(s *scene) {
+		s.setShape(second)
+		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(second))
+		s.setShape(third)
+		s.settle()
+		s.waitReady(third, readyTimeout)
+		s.expectAbandoned(second)
+		s.expectNothingStranded(third)
+	}
+}
+
+// expectAbandoned checks that the epoch of shape was written and retired
+// without ever being active.
+func (s *scene) expectAbandoned(shape ownership.Topology) {
+	s.t.Helper()
+	for _, e := range s.epochHistory() {
+		if e.Partitions != shape.Partitions || e.Shards != shape.Shards {
+			continue
+		}
+		if !e.ActivatedAt.IsZero() {
+			s.t.Errorf("epoch %d (%s) was activated at %s before the spec moved on: the scenario lost its race with the freeze; rerun it",
+				e.Number, shape, e.ActivatedAt.Format("15:04:05.000"))
+			return
+		}
+		s.note("epoch %d (%s) retired while pending, never active", e.Number, shape)
+		return
+	}
+	s.t.Errorf("no epoch of shape %s was ever written", shape)
+}
+
+// expectNothingStranded checks, once Ready at topo, that nothing outside
+// it is left: status's provisioned envelope is topo, the registry's
+// retiring set is empty, and every stream has exactly topo's consumers.
+func (s *scene) expectNothingStranded(topo ownership.Topology) {
+	s.t.Helper()
+	s.eventually(time.Minute, func() error {
+		g, _ := s.status.latest()
+		p := g.obj.Status.Provisioned
+		if p == nil || int(p.Partitions) != topo.Partitions || int(p.ShardsPerPartition) != topo.Shards {
+			return fmt.Errorf("status.provisioned is %+v, want %s", p, topo)
+		}
+		return nil
+	})
+	s.expectRetiringEmpty()
+	for p := 0; p < topo.Partitions; p++ {
+		names := s.consumerNames(p)
+		var want []string
+		for sh := 0; sh < topo.Shards; sh++ {
+			want = append(want, s.fleet.Layout.ConsumerDurable(p, sh))
+		}
+		slices.Sort(want)
+		if !slices.Equal(names, want) {
+			s.t.Errorf("stream %s has consumers %v, want exactly %v", s.fleet.Layout.StreamName(p), names, want)
+		}
+	}
+	s.note("nothing stranded: provisioned %s, retiring set empty, every stream has exactly its consumers", topo)
+}
+
+// consumerNames lists partition p's stream's consumers, sorted.
+func (s *scene) consumerNames(p int) []string {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := s.jetstream().Stream(ctx, s.fleet.Layout.StreamName(p))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	lister := st.ConsumerNames(ctx)
+	var names []string
+	for n := range lister.Name() {
+		names = append(names, n)
+	}
+	if err := lister.Err(); err != nil {
+		s.t.Fatal(err)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// abortAfterActivation sets the abort annotation once the change to `to`
+// is active. As documented, an active epoch is not undone: the change
+// completes. While the annotation stays, a change back is held (Stalled,
+// RolloutAborted) and no epoch starts; once it goes, the change back goes
+// through.
+func abortAfterActivation(to ownership.Topology) func(*scene) {
+	return func(s *scene) {
+		from := s.spec()
+		s.setShape(to)
+		s.awaitRegistry("the new epoch active", time.Minute, activeIs(to))
+		s.annotate(topologyv1.AbortAnnotation, "true")
+		s.waitReady(to, readyTimeout)
+		s.note("abort set after activation: the change to %s completed (an active epoch is not undone)", to)
+		s.setShape(from)
+		s.awaitStatus("Stalled/RolloutAborted", time.Minute, func(g sighting) bool {
+			c, reason := g.condition(topologyv1.ConditionStalled)
+			return s.generationIs(g) && c == metav1.ConditionTrue && reason == topologyv1.ReasonRolloutAborted
+		})
+		if sn, err := s.snapshot(); err != nil || sn.Pending != nil || !activeIs(to)(sn) {
+			s.t.Errorf("while aborted, the registry must keep %s active with nothing pending: %+v (%v)", to, sn, err)
+		}
+		s.note("abort held the change back to %s: Stalled/RolloutAborted, %s stays active, nothing pending", from, to)
+		s.annotate(topologyv1.AbortAnnotation, "")
+		s.settle()
+		s.waitReady(from, readyTimeout)
+		s.expectNothingStranded(from)
+	}
+}
+
+// abortDuringPodRoll sets the abort annotation while a pod hands over in
+// a pod roll. As documented, abort retires pending epochs and holds new
+// ones; a pod roll is neither, so it goes on to the end without a stall.
+func abortDuringPodRoll() func(*scene) {
+	return func(s *scene) {
+		s.rollPods()
+		s.awaitStatus("ingest-1 HandingOver", 3*time.Minute, func(g sighting) bool { return g.podStep("ingest-1") == topologyv1.PodStepHandingOver })
+		set := time.Now()
+		s.annotate(topologyv1.AbortAnnotation, "true")
+		s.waitReady(s.spec(), readyTimeout)
+		for _, g := range s.status.since(set) {
+			if c, reason := g.condition(topologyv1.ConditionStalled); c == metav1.ConditionTrue {
+				s.t.Errorf("abort during a pod roll stalled the topology (%s): %s", reason, g)
+				break
+			}
+		}
+		s.note("abort set while ingest-1 handed over: the pod roll finished, no stall")
+		s.annotate(topologyv1.AbortAnnotation, "")
+		s.settle()
+	}
+}
+
+// transformRevertedWhileFreezing changes V to `to` under a subject
+// transform and reverts the spec while the new epoch is pending: the
+// transform never moved, so no row may have been routed to a shard beyond
+// the original V (no unit nobody may claim), and the new consumers must
+// be retired.
+func transformRevertedWhileFreezing(to ownership.Topology) func(*scene) {
+	return func(s *scene) {
+		from := s.spec()
+		s.setShape(to)
+		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(to))
+		s.setShape(from)
+		s.settle()
+		s.waitReady(from, readyTimeout)
+		s.expectAbandoned(to)
+		s.expectNoRowsBeyond(from, to)
+		s.expectNothingStranded(from)
+	}
+}
+
+// expectNoRowsBeyond checks that no row was stored in, delivered from or
+// written for a shard of `to` beyond from's V.
+func (s *scene) expectNoRowsBeyond(from, to ownership.Topology) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stored := 0
+	for p := 0; p < from.Partitions; p++ {
+		st, err := s.jetstream().Stream(ctx, s.fleet.Layout.StreamName(p))
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for sh := from.Shards; sh < to.Shards; sh++ {
+			info, err := st.Info(ctx, jetstream.WithSubjectFilter(s.fleet.Layout.FilterSubject(p, sh)))
+			if err != nil {
+				s.t.Fatal(err)
+			}
+			for _, n := range info.State.Subjects {
+				stored += int(n)
+			}
+		}
+	}
+	written := 0
+	for _, w := range s.sinkWrites() {
+		if u, err := ownership.ParseUnit(w.Unit); err == nil && !from.Contains(u) {
+			written++
+		}
+	}
+	if stored+written > 0 {
+		s.t.Errorf("rows routed beyond V=%d: %d stored in shards %d..%d, %d written from them", from.Shards, stored, from.Shards, to.Shards-1, written)
+	}
+	s.note("rows routed to shards %d..%d (no claimable unit): %d stored, %d written", from.Shards, to.Shards-1, stored, written)
+}

@@ -1,0 +1,263 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// Scenarios 1 and 2: the operator process SIGKILLed at each step of a V
+// change and of a pod roll, and started again.
+
+// stepKill is one change of the spec and the step at which the operator
+// is killed during it.
+type stepKill struct {
+	To   ownership.Topology
+	Step string
+}
+
+// stepRank orders the steps of a topology change; a finished change ranks
+// last.
+func stepRank(step string) int {
+	if i := slices.Index(topologyv1.TopologySteps, step); i >= 0 {
+		return i
+	}
+	return len(topologyv1.TopologySteps)
+}
+
+// operatorKilledAtEachStep runs the changes one after another, SIGKILLs
+// the operator when each reaches its step, starts it again, and checks
+// that it resumed at that step or a later one (never an earlier one) and
+// that no epoch was created twice.
+func operatorKilledAtEachStep(kills []stepKill) func(*scene) {
+	return func(s *scene) {
+		for _, k := range kills {
+			s.killOperatorAt(k)
+		}
+		s.settle()
+		s.expectEachEpochOnce(len(kills))
+	}
+}
+
+// killOperatorAt changes the spec to k.To, kills the operator when the
+// change reaches k.Step, starts it again and waits until the change is
+// done.
+func (s *scene) killOperatorAt(k stepKill) {
+	s.t.Helper()
+	undo := s.prepareStep(k)
+	s.setShape(k.To)
+	landed := s.awaitStep(k)
+	killAt := time.Now()
+	if err := s.in.op.Kill(); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.in.op.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	undo()
+	// The first step status shows from the new process on: the same step
+	// (then status may not change at all) or a later one.
+	g, ok := s.status.await(killAt, readyTimeout, func(g sighting) bool {
+		return g.at.After(killAt) && (g.step() != "" || g.readyAt(k.To))
+	})
+	resumed := "Ready"
+	if ok && g.step() != "" {
+		resumed = g.step()
+	}
+	if stepRank(resumed) < stepRank(landed) {
+		s.t.Errorf("killed at %s of the change to %s, the restarted operator went back to %s", landed, k.To, resumed)
+	}
+	if landed != k.Step {
+		s.note("change to %s: aimed at %s, the kill landed at %s", k.To, k.Step, landed)
+	}
+	s.waitReady(k.To, readyTimeout)
+	s.note("change to %s: operator killed at %s (%s after the spec change), resumed at %s; Ready %s after the kill",
+		k.To, landed, killAt.Sub(s.lastSpecChange()).Round(time.Millisecond), resumed, time.Since(killAt).Round(time.Second))
+}
+
+// lastSpecChange is when the test last changed the spec, from the watch.
+func (s *scene) lastSpecChange() time.Time {
+	seen := s.status.since(s.disturbed)
+	for i := len(seen) - 1; i > 0; i-- {
+		if seen[i].obj.Generation != seen[i-1].obj.Generation {
+			return seen[i].at
+		}
+	}
+	return s.disturbed
+}
+
+// prepareStep makes a short step last long enough to be hit: before a
+// change whose Retire step is the target, the holder of a leaving unit
+// gets a backlog and a slow sink, so the unit keeps its consumer for
+// seconds after activation. It returns how to undo it.
+func (s *scene) prepareStep(k stepKill) func() {
+	if k.Step != topologyv1.StepRetire {
+		return func() {}
+	}
+	cur := s.spec()
+	leaving := ownership.Unit{Partition: cur.Partitions - 1, Shard: cur.Shards - 1}
+	if k.To.Contains(leaving) {
+		s.t.Fatalf("a kill at Retire needs a change that retires units; %s keeps %s", k.To, leaving)
+	}
+	holder := s.holderOf(leaving.String())
+	s.slowSink(holder, 300*time.Millisecond)
+	s.fleet.PublishBurst([]ownership.Unit{leaving}, 40)
+	return func() { s.slowSink(holder, 0) }
+}
+
+// awaitStep returns when the change to k.To is at k.Step (as close as the
+// registry, NATS or status let the test see it), and the step it is at.
+func (s *scene) awaitStep(k stepKill) string {
+	s.t.Helper()
+	switch k.Step {
+	case topologyv1.StepProvision:
+		s.awaitNewConsumer(k.To)
+	case topologyv1.StepFreeze:
+		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(k.To))
+	case topologyv1.StepActivate:
+		s.awaitRegistry("every live member's freeze acknowledgement", time.Minute, func(sn poolctl.Snapshot) bool {
+			return activeIs(k.To)(sn) || (pendingIs(k.To)(sn) && allAcked(sn))
+		})
+	case topologyv1.StepClaim:
+		s.awaitRegistry("the new epoch active with units unowned", time.Minute, func(sn poolctl.Snapshot) bool {
+			return activeIs(k.To)(sn) && s.someUnowned(k.To)
+		})
+	case topologyv1.StepRetire:
+		s.awaitStatus("step Retire", 2*time.Minute, func(g sighting) bool { return g.step() == topologyv1.StepRetire })
+	}
+	return s.stepNow(k.To)
+}
+
+// stepNow says which step the change to `to` is at, from the registry:
+// what a restarted operator finds.
+func (s *scene) stepNow(to ownership.Topology) string {
+	sn, err := s.snapshot()
+	switch {
+	case err != nil:
+		s.t.Fatal(err)
+	case pendingIs(to)(sn) && allAcked(sn):
+		return topologyv1.StepActivate
+	case pendingIs(to)(sn):
+		return topologyv1.StepFreeze
+	case !activeIs(to)(sn):
+		return topologyv1.StepProvision
+	case s.someUnowned(to):
+		return topologyv1.StepClaim
+	case len(sn.Retiring) > 0:
+		return topologyv1.StepRetire
+	}
+	if g, ok := s.status.latest(); ok && g.step() == topologyv1.StepRetire {
+		return topologyv1.StepRetire
+	}
+	return "done"
+}
+
+func allAcked(sn poolctl.Snapshot) bool {
+	for _, m := range sn.LiveMembers() {
+		if !slices.Contains(sn.Pending.Acked, m.Name) {
+			return false
+		}
+	}
+	return true
+}
+
+// someUnowned reports whether a unit of `to` has no holder with a live
+// lease.
+func (s *scene) someUnowned(to ownership.Topology) bool {
+	sn, err := s.snapshot()
+	if err != nil {
+		return false
+	}
+	live := map[string]bool{}
+	for _, m := range sn.LiveMembers() {
+		live[m.Name] = true
+	}
+	cl := s.claims()
+	for _, u := range to.Units() {
+		c, ok := cl[u.String()]
+		if !ok || c.State == poolctl.StateFree || !live[c.Owner] {
+			return true
+		}
+	}
+	return false
+}
+
+// awaitNewConsumer polls NATS until a consumer of `to` that the current
+// shape lacks exists: the operator is provisioning.
+func (s *scene) awaitNewConsumer(to ownership.Topology) {
+	s.t.Helper()
+	js := s.jetstream()
+	from := s.input.From
+	if sn, err := s.snapshot(); err == nil && sn.Active != nil {
+		from = ownership.Topology{Partitions: sn.Active.Partitions, Shards: sn.Active.Shards}
+	}
+	var fresh []ownership.Unit
+	for _, u := range to.Units() {
+		if !from.Contains(u) {
+			fresh = append(fresh, u)
+		}
+	}
+	s.eventually(time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		for _, u := range fresh {
+			l := s.fleet.Layout
+			if _, err := js.Consumer(ctx, l.StreamName(u.Partition), l.ConsumerDurable(u.Partition, u.Shard)); err == nil {
+				return nil
+			}
+		}
+		return fmt.Errorf("no consumer of %s's new units yet", to)
+	})
+}
+
+// expectEachEpochOnce checks the registry's epoch history: the first epoch
+// and one per change, each activated, none abandoned (a pending epoch
+// written twice would show as one abandoned).
+func (s *scene) expectEachEpochOnce(changes int) {
+	s.t.Helper()
+	epochs := s.epochHistory()
+	var shapes []string
+	for _, e := range epochs {
+		shapes = append(shapes, fmt.Sprintf("%d:%dx%d", e.Number, e.Partitions, e.Shards))
+		if e.ActivatedAt.IsZero() {
+			s.t.Errorf("epoch %d (%dx%d) was never activated: written for a change that had its epoch already", e.Number, e.Partitions, e.Shards)
+		}
+	}
+	if len(epochs) != changes+1 {
+		s.t.Errorf("%d epochs for the first shape and %d changes, want %d: %v", len(epochs), changes, changes+1, shapes)
+	}
+	s.note("epochs: %v (one per change, each activated once)", shapes)
+}
+
+// podKill is a pod of a roll and the step at which the operator is killed
+// while the roll is at that pod.
+type podKill struct {
+	Pod, Step string
+}
+
+// operatorKilledDuringPodRoll rolls the pods and kills the operator at
+// each pod's step, then checks from the API server's audit log and the
+// registry's claim history that no pod was deleted while it held a unit.
+func operatorKilledDuringPodRoll(kills []podKill) func(*scene) {
+	return func(s *scene) {
+		s.rollPods()
+		for _, k := range kills {
+			g := s.awaitStatus(k.Pod+" "+k.Step, 3*time.Minute, func(g sighting) bool { return g.podStep(k.Pod) == k.Step })
+			if err := s.in.op.Kill(); err != nil {
+				s.t.Fatal(err)
+			}
+			if err := s.in.op.Start(); err != nil {
+				s.t.Fatal(err)
+			}
+			s.note("operator killed while %s was at %s (%s after status showed it)", k.Pod, k.Step, time.Since(g.at).Round(time.Millisecond))
+		}
+		s.waitReady(s.spec(), readyTimeout)
+		s.settle()
+		s.expectNoPodDeletedHolding()
+	}
+}
