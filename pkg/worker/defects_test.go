@@ -9,6 +9,7 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
@@ -359,6 +360,56 @@ func TestRecoveryDoesNotRestartAUnitInHandover(t *testing.T) {
 	for _, r := range a.records(history.KindFetch, "0.1") {
 		if r.Start > lift && r.Epoch == tok.Epoch {
 			t.Fatalf("w-0 pulled 0.1 under the handed-over claim after recovering")
+		}
+	}
+}
+
+// Found by the chaos suite (scenario 4: a worker SIGKILLed mid-handover in
+// a pod roll): a process restarted under its pod name while the operator
+// asks that pod to drain must still give up what its dead incarnation
+// held. The registry leaves those units waiting until the dead lease and
+// the grace have passed ("confirm again"); the new incarnation must
+// confirm again, re-home them and hand them over. Before the fix it never
+// did: nobody may adopt the units of a live member, the draining member
+// claims nothing, and the roll waited forever for the pod to hold nothing.
+//
+// checks P3, P5, P6
+func TestARestartedDrainingWorkerGivesUpItsDeadIncarnationsUnits(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	ctx := context.Background()
+	// The incarnation that died: it joined, claimed both units and never
+	// renews again.
+	dead, err := f.Registry.Join(ctx, f.Topology, "w-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := f.Registry.Snapshot(ctx, f.Topology)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs, err := f.Registry.ClaimMany(ctx, dead.MemberRef, snap.Active.Number, []string{"0.0", "0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range outs {
+		if o.Err != nil {
+			t.Fatal(o.Err)
+		}
+	}
+	if err := f.Registry.SetDraining(ctx, f.Topology, "w-0", true); err != nil {
+		t.Fatal(err)
+	}
+	// Its pod's process comes back at once, while the dead lease is live.
+	startSDK(t, f, "w-0", nil, nil)
+	b := startSDK(t, f, "w-1", nil, nil)
+	waitHolding(t, b, 30*time.Second, "0.0", "0.1")
+	cs, err := f.Registry.Claims(ctx, f.Topology)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if c.Owner == "w-0" && c.State != poolctl.StateFree {
+			t.Fatalf("the draining w-0 still holds %s (%s)", c.Unit, c.State)
 		}
 	}
 }

@@ -108,7 +108,7 @@ func (w *Worker) renew(ctx context.Context) error {
 			return w.recover(ctx, false)
 		}
 		w.reportActivity(ctx, ref)
-		return nil
+		return w.confirmWaiting(ctx)
 	case isLeaseLost(err):
 		w.fence("lease lost")
 		w.dropLease()
@@ -320,6 +320,7 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 	}
 	stale := w.detachPullers()
 	w.held = held
+	w.waiting = conf.Waiting
 	lifted := w.fenceGen == gen
 	if lifted {
 		w.fenced = false
@@ -340,6 +341,84 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 		w.startDelivery(u)
 	}
 	w.log.Info("Claims confirmed", "held", len(conf.Held), "moved", len(conf.Moved), "handover", len(conf.Handover))
+}
+
+// confirmWaiting confirms again, at a renewal, the units an earlier
+// incarnation of this member held that the last confirmation left waiting
+// (its lease and the grace had not passed): the registry re-homes them
+// once they have. Without it, units that placement no longer gives this
+// member (a member the operator asked to drain, restarted by a crash) stay
+// with the dead incarnation for good: nobody may adopt them, since the
+// member is live, and this incarnation never claims them. Re-homed units
+// are takeovers; units already delivered keep their pullers.
+func (w *Worker) confirmWaiting(ctx context.Context) error {
+	w.mu.Lock()
+	waiting := len(w.waiting) > 0
+	w.mu.Unlock()
+	if !waiting {
+		return nil
+	}
+	ref, _ := w.memberRef()
+	expected := w.expectedClaims()
+	qctx, cancel := w.queryCtx(ctx)
+	defer cancel()
+	conf, err := w.reg.ConfirmOwned(qctx, ref, expected)
+	if err != nil {
+		return fmt.Errorf("confirm %d waiting units: %w", len(w.waiting), err)
+	}
+	started, stale := w.mergeConfirmation(conf)
+	for _, p := range stale {
+		p.stop()
+	}
+	for _, u := range started {
+		w.startDelivery(u)
+	}
+	if len(started) > 0 {
+		w.log.Info("Re-homed units of an earlier incarnation", "units", len(started), "waiting", len(conf.Waiting))
+	}
+	return nil
+}
+
+// mergeConfirmation applies a confirmation to the held set without
+// touching the units it left as they were: it adds the re-homed ones (as
+// takeovers), drops what moved, and returns the units to start and the
+// pullers to stop.
+func (w *Worker) mergeConfirmation(conf poolctl.Confirmation) (started []ownership.Unit, stale []*puller) {
+	handover := map[string]bool{}
+	for _, u := range conf.Handover {
+		handover[u] = true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waiting = conf.Waiting
+	for name, t := range conf.Held {
+		u, err := ownership.ParseUnit(name)
+		if err != nil {
+			continue
+		}
+		old := w.held[u]
+		if old != nil && old.token == t {
+			continue
+		}
+		if old != nil && old.puller != nil {
+			stale = append(stale, old.puller)
+		}
+		w.held[u] = &holding{token: t, releasing: handover[name], takeover: true, from: w.opts.Member + " (earlier incarnation)"}
+		started = append(started, u)
+	}
+	for _, m := range conf.Moved {
+		u, err := ownership.ParseUnit(m.Unit)
+		if err != nil {
+			continue
+		}
+		if h := w.held[u]; h != nil {
+			if h.puller != nil {
+				stale = append(stale, h.puller)
+			}
+			delete(w.held, u)
+		}
+	}
+	return started, stale
 }
 
 // reportActivity tells the registry, for each unit with a puller, when it

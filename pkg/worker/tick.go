@@ -276,6 +276,12 @@ func (w *Worker) took(c poolctl.Claim, under int64) {
 		h.takeover, h.from = true, c.From
 	}
 	w.mu.Lock()
+	if old := w.held[u]; old != nil && old.token == c.Token {
+		// The lease loop's confirmation re-homed it meanwhile and its
+		// puller runs: a second holding would start a second puller.
+		w.mu.Unlock()
+		return
+	}
 	w.held[u] = h
 	w.mu.Unlock()
 	w.startDelivery(u)

@@ -55,6 +55,11 @@ type Worker struct {
 	fencedSince time.Time
 	watchdog    *time.Timer
 	held        map[ownership.Unit]*holding
+	// waiting are units an earlier incarnation of this member held that
+	// the last confirmation could not re-home yet (that incarnation's
+	// lease and the grace had not passed); the lease loop confirms again
+	// until none is left.
+	waiting []string
 	// ackedPending is the pending epoch this incarnation acknowledged.
 	ackedPending int64
 	params       poolctl.Params

@@ -64,7 +64,7 @@ type infra struct {
 func startInfra(t *testing.T) *infra {
 	t.Helper()
 	began := time.Now()
-	in := &infra{dir: t.TempDir()}
+	in := &infra{dir: mustTempDir(t, "shardkeeper-chaos-shared-")}
 	in.startControlPlane(t)
 	in.nats = natstest.StartProcCluster(t, natsBinaries(t)...)
 	in.pg = pgtest.New(t)
@@ -161,7 +161,7 @@ func (in *infra) startOperator(t *testing.T) {
 			t.Logf("chaos: the operator exited on its own %d times (restarted by the supervisor): %v", len(exits), exits)
 		}
 		if t.Failed() {
-			t.Logf("operator log (last 80 lines):\n%s", op.LogTail(80))
+			t.Logf("the operator's log is %s", filepath.Join(in.dir, "operator.log"))
 		}
 	})
 }

@@ -224,9 +224,12 @@ func (s *scene) signalPod(pod string, sig syscall.Signal) {
 // pauseFor SIGSTOPs pod's worker for d (the fault's length), then
 // SIGCONTs it, unless the kubelet already stopped it (it resumes a paused
 // process before its SIGTERM). It returns when the worker was resumed.
+// A slow sink is taken off the pod at once: the process is paused, and a
+// replacement must not be slow.
 func (s *scene) pauseFor(pod string, d time.Duration) time.Time {
 	s.t.Helper()
 	s.signalPod(pod, syscall.SIGSTOP)
+	s.slowSink(pod, 0)
 	time.Sleep(d)
 	if err := s.kubelet.Signal(pod, syscall.SIGCONT); err != nil {
 		s.note("%s was resumed by the kubelet on deletion before the test resumed it", pod)

@@ -124,7 +124,7 @@ func mustTempDir(t *testing.T, prefix string) string {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("logs of the scenario's processes kept in %s", dir)
+			t.Logf("logs kept in %s", dir)
 			return
 		}
 		os.RemoveAll(dir)

@@ -59,7 +59,6 @@ func (s *scene) pauseAndCheck(pod, when string) {
 	inc := s.incarnationOf(pod)
 	held := s.unitsOf(pod)
 	resumed := s.pauseFor(pod, s.pauseLength())
-	s.slowSink(pod, 0)
 	// Let the resumed process run into its fence and rejoin, then read
 	// what it did.
 	s.eventually(time.Minute, func() error {
