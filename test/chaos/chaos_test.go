@@ -76,6 +76,7 @@ func runSpec(t *testing.T, inf *infra, in specInput) result {
 	v, d, err := s.fleet.Verdict(published, 3*time.Minute, false)
 	r := result{ID: in.ID, Name: in.Name, Verdict: v, ToReady: ready.Sub(s.disturbed), Took: time.Since(began)}
 	r.Unmoved, r.MaxGapUnmoved = unmovedGaps(s.histories(), d, s.disturbed, ready)
+	t.Logf("window %s .. %s (%s): %d unmoved units, max gap %s", s.disturbed.Format("15:04:05.000"), ready.Format("15:04:05.000"), ready.Sub(s.disturbed), r.Unmoved, r.MaxGapUnmoved)
 	switch {
 	case err != nil:
 		t.Errorf("rows lost (P3): %v", err)
@@ -168,9 +169,13 @@ func summaryTable(rs []result) string {
 		if r.Failed {
 			result = "FAIL"
 		}
-		fmt.Fprintf(w, "%s %s\t%d\t%d\t%d\t%d/%d\t%.1f\t%s (%d units)\t%s\t%s\n", r.ID, r.Name,
+		gap := "- (no unit kept its deliverer)"
+		if r.Unmoved > 0 {
+			gap = fmt.Sprintf("%s (%d units)", r.MaxGapUnmoved.Round(10*time.Millisecond), r.Unmoved)
+		}
+		fmt.Fprintf(w, "%s %s\t%d\t%d\t%d\t%d/%d\t%.1f\t%s\t%s\t%s\n", r.ID, r.Name,
 			v.OverlappingWindows, v.StaleAcks, v.Lost, v.DupTakeover+v.DupReset+v.DupRedelivery, v.DupUnexplained,
-			r.ToReady.Seconds(), r.MaxGapUnmoved.Round(10*time.Millisecond), r.Unmoved, r.Took.Round(time.Second), result)
+			r.ToReady.Seconds(), gap, r.Took.Round(time.Second), result)
 	}
 	_ = w.Flush()
 	return b.String()

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
@@ -300,16 +301,47 @@ func (s *scene) expectNoPodDeletedHolding() {
 	s.note("the operator deleted %d pods; none held a unit when deleted (audit log vs claim history)", len(dels))
 }
 
-// takeoverCounts sums shardkeeper_worker_takeovers_total by outcome over
-// the running workers of pods.
-func (s *scene) takeoverCounts(pods []string) map[string]float64 {
-	out := map[string]float64{}
-	for _, pod := range pods {
-		addr, ok := s.kubelet.Addr(pod)
-		if !ok {
-			continue
+// takeoverWatch scrapes every running worker's
+// shardkeeper_worker_takeovers_total every 200ms and keeps each process's
+// last reading, so the counts of a process the roll replaces soon after
+// its takeover are not lost.
+type takeoverWatch struct {
+	mu    sync.Mutex
+	last  map[string]map[string]float64 // process address -> outcome -> count
+	stopc chan struct{}
+	done  chan struct{}
+}
+
+func (s *scene) watchTakeovers() *takeoverWatch {
+	tw := &takeoverWatch{last: map[string]map[string]float64{}, stopc: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(tw.done)
+		for {
+			for _, addr := range s.kubelet.Addrs() {
+				if counts, ok := scrapeTakeovers(addr); ok {
+					tw.mu.Lock()
+					tw.last[addr] = counts
+					tw.mu.Unlock()
+				}
+			}
+			select {
+			case <-tw.stopc:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
-		for outcome, n := range scrapeTakeovers(addr) {
+	}()
+	return tw
+}
+
+// stop ends the scraping and sums the last reading of every process by
+// outcome.
+func (tw *takeoverWatch) stop() map[string]float64 {
+	close(tw.stopc)
+	<-tw.done
+	out := map[string]float64{}
+	for _, counts := range tw.last {
+		for outcome, n := range counts {
 			out[outcome] += n
 		}
 	}
@@ -317,13 +349,13 @@ func (s *scene) takeoverCounts(pods []string) map[string]float64 {
 }
 
 // scrapeTakeovers reads shardkeeper_worker_takeovers_total by outcome
-// from one worker's /metrics.
-func scrapeTakeovers(addr string) map[string]float64 {
+// from one worker's /metrics; false when it did not answer.
+func scrapeTakeovers(addr string) (map[string]float64, bool) {
 	out := map[string]float64{}
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + addr + "/metrics")
 	if err != nil {
-		return out
+		return out, false
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -343,7 +375,7 @@ func scrapeTakeovers(addr string) map[string]float64 {
 			out[outcome] += n
 		}
 	}
-	return out
+	return out, true
 }
 
 // unmovedGaps finds, from the delivery histories, the units exactly one

@@ -113,7 +113,25 @@ func newScene(t *testing.T, inf *infra, in specInput) *scene {
 	s.pub = s.fleet.StartPublisher(in.From, in.Rate)
 	s.follow = startFollower(s, s.pub)
 	t.Cleanup(func() { s.stopTraffic() })
+	s.awaitFlow()
 	return s
+}
+
+// awaitFlow waits until rows reach the sink from every unit of the first
+// shape, so a scenario's fault lands on flowing units (and the gaps it
+// causes are measured from a write before it).
+func (s *scene) awaitFlow() {
+	s.t.Helper()
+	s.eventually(time.Minute, func() error {
+		seen := map[string]bool{}
+		for _, w := range s.sinkWrites() {
+			seen[w.Unit] = true
+		}
+		if len(seen) < s.input.From.Len() {
+			return fmt.Errorf("rows of %d of %d units written so far", len(seen), s.input.From.Len())
+		}
+		return nil
+	})
 }
 
 func mustTempDir(t *testing.T, prefix string) string {

@@ -108,6 +108,7 @@ func killedMidHandover(reset bool) func(*scene) {
 		s.slowSink(pod, time.Hour)
 		inc := s.incarnationOf(pod)
 		s.awaitInFlight(pod)
+		takeovers := s.watchTakeovers()
 		s.rollPods()
 		s.awaitStatus(pod+" HandingOver", 2*time.Minute, func(g sighting) bool { return g.podStep(pod) == topologyv1.PodStepHandingOver })
 		killAt := time.Now()
@@ -126,11 +127,10 @@ func killedMidHandover(reset bool) func(*scene) {
 			}
 			return nil
 		})
-		// Read the adopters' counters before the roll restarts them.
-		counts := s.takeoverCounts(podsOf(s.input.Replicas))
+		counts := takeovers.stop()
 		s.settle()
 		s.judgeRedelivery(rows, back, killAt, bound, reset)
-		s.note("takeovers counted by the other workers: reset %.0f, ackwait %.0f", counts["reset"], counts["ackwait"])
+		s.note("takeovers counted by the workers (shardkeeper_worker_takeovers_total): reset %.0f, ackwait %.0f", counts["reset"], counts["ackwait"])
 		switch {
 		case reset && counts["reset"] == 0:
 			s.t.Errorf("the census allows RESET, yet no takeover used it (takeovers %v)", counts)
