@@ -108,7 +108,8 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 		return err
 	}
 	name := l.StreamName(p)
-	if err := provisionStream(mgr, l, p, rep); err != nil {
+	meta, err := provisionStream(mgr, l, p, rep)
+	if err != nil {
 		return err
 	}
 
@@ -153,7 +154,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 	}
 	var created, updated []string
 	for s := range l.consumerShards() {
-		want := l.ConsumerConfig(p, s)
+		want := withResume(l.ConsumerConfig(p, s), meta)
 		obj := consumerObject(name, want.Durable)
 		if _, off := offline[want.Durable]; off {
 			continue
@@ -205,29 +206,43 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 	return nil
 }
 
-func provisionStream(mgr *jsm.Manager, l Layout, p int, rep *Report) error {
+// provisionStream creates or corrects partition p's stream and returns
+// its metadata (where retired unit consumers would resume).
+func provisionStream(mgr *jsm.Manager, l Layout, p int, rep *Report) (map[string]string, error) {
 	want := l.StreamConfig(p)
 	stream, err := mgr.LoadStream(want.Name)
 	switch {
 	case jsm.IsNatsError(err, errCodeStreamNotFound):
 		if _, err := mgr.NewStreamFromDefault(want.Name, want); err != nil {
-			return fmt.Errorf("create stream %s: %w", want.Name, err)
+			return nil, fmt.Errorf("create stream %s: %w", want.Name, err)
 		}
 		rep.Created = append(rep.Created, streamObject(want.Name))
-		return nil
+		return nil, nil
 	case err != nil:
-		return fmt.Errorf("load stream %s: %w", want.Name, err)
+		return nil, fmt.Errorf("load stream %s: %w", want.Name, err)
 	}
-	fs, next := streamDrift(want, stream.Configuration(), l.Assignment == AssignByTransform)
+	got := stream.Configuration()
+	fs, next := streamDrift(want, got, l.Assignment == AssignByTransform)
 	rep.Findings = append(rep.Findings, fs...)
 	if next == nil {
-		return nil
+		return got.Metadata, nil
 	}
 	if err := stream.UpdateConfiguration(*next); err != nil {
-		return fmt.Errorf("update stream %s: %w", want.Name, err)
+		return nil, fmt.Errorf("update stream %s: %w", want.Name, err)
 	}
 	rep.Updated = append(rep.Updated, streamObject(want.Name))
-	return nil
+	return got.Metadata, nil
+}
+
+// withResume makes a unit consumer that a retired one preceded start where
+// that one stopped: its rows before there were delivered and acknowledged
+// (RetireConsumers deletes only drained consumers), and delivering them to
+// the unit's next owner again would be duplicates nothing explains.
+func withResume(c api.ConsumerConfig, meta map[string]string) api.ConsumerConfig {
+	if seq := resumePoint(meta, c.Durable); seq > 0 {
+		c.DeliverPolicy, c.OptStartSeq = api.DeliverByStartSequence, seq
+	}
+	return c
 }
 
 // createConsumer creates a consumer that must not exist yet. jsm.go only

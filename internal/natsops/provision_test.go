@@ -208,6 +208,45 @@ func TestRetireDeletesOnlyDrainedConsumers(t *testing.T) {
 	}
 }
 
+// Found by the chaos suite (scenario 1: V 8 -> 4 -> 8): a unit that
+// leaves and later comes back must not replay to its new owner the rows
+// its retired consumer delivered and had acknowledged; rows published to
+// it after the retirement must still be delivered.
+//
+// checks P3 (and that duplicates stay explained)
+func TestARetiredUnitThatComesBackResumesWhereItStopped(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	nc := c.Connect(-1)
+	wide := testLayout(1, 2, 1)
+	mustProvision(t, nc, wide)
+	js := mustJetStream(t, nc)
+	ctx := testContext(t, 30*time.Second)
+
+	publishShard(t, js, wide, 0, 1, 3)
+	for _, m := range fetchNoAck(t, js, wide, 0, 1, 3) {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	narrow := wide
+	narrow.Shards = 1
+	rep := mustProvision(t, nc, narrow)
+	if retired, _, err := RetireConsumers(ctx, nc, wide, rep.Orphans); err != nil || len(retired) != 1 {
+		t.Fatalf("retire unit 0.1: %v, %v", retired, err)
+	}
+	// A row for the unit while it has no consumer, then the unit comes
+	// back.
+	publishShard(t, js, wide, 0, 1, 1)
+	mustProvision(t, nc, wide)
+	info := mustConsumerInfo(t, js, wide.StreamName(0), wide.ConsumerDurable(0, 1))
+	if info.NumPending != 1 {
+		t.Fatalf("the unit's new consumer has %d rows pending, want 1: the 3 its retired consumer acknowledged came back", info.NumPending)
+	}
+	if again := mustProvision(t, nc, wide); len(again.Findings) != 0 {
+		t.Fatalf("provision after the unit came back finds drift: %v", again.Findings)
+	}
+}
+
 func TestTransformRoutesRowsToShardsWithPartition(t *testing.T) {
 	c := natstest.StartCluster(t, 1)
 	nc := c.Connect(0)

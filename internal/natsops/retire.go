@@ -3,7 +3,9 @@ package natsops
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
+	"strconv"
 
 	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/nats.go"
@@ -27,6 +29,13 @@ type Holding struct {
 // The check and the delete are two requests: callers retire only after the
 // active topology routes no new rows to these units (the rollout's last
 // step), so nothing can arrive in between.
+//
+// Before it deletes a drained consumer, it records on the stream (its
+// metadata, ResumeKey) the stream sequence after the last row the consumer
+// delivered: every row of the unit up to there was delivered and
+// acknowledged. Should a later shape bring the unit back, Provision starts
+// its new consumer there instead of replaying the stream's whole history of
+// the unit to the new owner as fresh rows.
 func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit) (retired []Unit, holding []Holding, err error) {
 	mgr, err := manager(ctx, nc)
 	if err != nil {
@@ -53,6 +62,9 @@ func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit)
 			holding = append(holding, Holding{Unit: u, Pending: st.NumPending, AckPending: st.NumAckPending})
 			continue
 		}
+		if err := recordResume(mgr, ref, st.Delivered.Stream+1); err != nil {
+			return retired, holding, err
+		}
 		if err := mgr.DeleteConsumer(ref.Stream, ref.Name); err != nil && !jsm.IsNatsError(err, errCodeConsumerNotFound) {
 			return retired, holding, fmt.Errorf("delete consumer %s: %w", ref, err)
 		}
@@ -68,4 +80,43 @@ func sortUnits(us []Unit) {
 		}
 		return us[i].Shard < us[j].Shard
 	})
+}
+
+// ResumeKey is the stream metadata key under which RetireConsumers records
+// where a retired unit consumer would resume: the stream sequence after
+// the last row it delivered.
+func ResumeKey(durable string) string { return "shardkeeper.dev/resume." + durable }
+
+// recordResume writes the resume point of ref's consumer into its stream's
+// metadata, keeping everything else of the stream's configuration.
+func recordResume(mgr *jsm.Manager, ref ConsumerRef, seq uint64) error {
+	stream, err := mgr.LoadStream(ref.Stream)
+	if err != nil {
+		return fmt.Errorf("load stream %s to record where %s resumes: %w", ref.Stream, ref.Name, err)
+	}
+	cfg := stream.Configuration()
+	if cfg.Metadata[ResumeKey(ref.Name)] == strconv.FormatUint(seq, 10) {
+		return nil
+	}
+	meta := maps.Clone(cfg.Metadata)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	meta[ResumeKey(ref.Name)] = strconv.FormatUint(seq, 10)
+	cfg.Metadata = meta
+	if err := stream.UpdateConfiguration(cfg); err != nil {
+		return fmt.Errorf("record where %s resumes (stream sequence %d): %w", ref, seq, err)
+	}
+	return nil
+}
+
+// resumePoint is where a new consumer named durable starts on a stream
+// with metadata meta: after the rows a retired consumer of that name
+// delivered, or 0 (the stream's first row) when none was retired.
+func resumePoint(meta map[string]string, durable string) uint64 {
+	seq, err := strconv.ParseUint(meta[ResumeKey(durable)], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return seq
 }
