@@ -75,7 +75,7 @@ func runSpec(t *testing.T, inf *infra, in specInput) result {
 	published := s.stopTraffic()
 	v, d, err := s.fleet.Verdict(published, 3*time.Minute, false)
 	r := result{ID: in.ID, Name: in.Name, Verdict: v, ToReady: ready.Sub(s.disturbed), Took: time.Since(began)}
-	r.Unmoved, r.MaxGapUnmoved = unmovedGaps(s.histories(), d, s.disturbed, ready)
+	r.Unmoved, r.MaxGapUnmoved = unmovedGaps(s.histories(), d, s.disturbed, ready, s.alwaysThere)
 	t.Logf("window %s .. %s (%s): %d unmoved units, max gap %s", s.disturbed.Format("15:04:05.000"), ready.Format("15:04:05.000"), ready.Sub(s.disturbed), r.Unmoved, r.MaxGapUnmoved)
 	switch {
 	case err != nil:

@@ -379,12 +379,13 @@ func scrapeTakeovers(addr string) (map[string]float64, bool) {
 }
 
 // unmovedGaps finds, from the delivery histories, the units exactly one
-// member (pod name) delivered within [from, to], and the longest wait
-// between consecutive first writes of their rows in that window.
-func unmovedGaps(procs []history.Process, d fleettest.Delivery, from, to time.Time) (int, time.Duration) {
+// member (pod name) delivered within [from, to], among those keep says
+// were in the topology throughout, and the longest wait between
+// consecutive first writes of their rows in that window.
+func unmovedGaps(procs []history.Process, d fleettest.Delivery, from, to time.Time, keep func(unit string) bool) (int, time.Duration) {
 	who := map[string]map[string]bool{}
 	for _, a := range acts(procs, history.KindDeliver) {
-		if a.at.Before(from) || a.at.After(to) {
+		if a.at.Before(from) || a.at.After(to) || !keep(a.rec.Unit) {
 			continue
 		}
 		if who[a.rec.Unit] == nil {

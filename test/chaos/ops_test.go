@@ -44,6 +44,7 @@ func (s *scene) setShape(to ownership.Topology) {
 	}); err != nil {
 		s.t.Fatalf("set shape %s: %v", to, err)
 	}
+	s.shapes = append(s.shapes, to)
 	s.t.Logf("spec set to %s", to)
 }
 

@@ -78,6 +78,9 @@ type scene struct {
 	// when its last one ended. The scenario's window is [disturbed,
 	// ready].
 	disturbed, calm time.Time
+	// shapes are every shape the spec asked for, the first included:
+	// units in all of them are in the topology throughout.
+	shapes []ownership.Topology
 	// notes are scenario-specific findings for the log.
 	notes []string
 	rolls int
@@ -89,7 +92,7 @@ func newScene(t *testing.T, inf *infra, in specInput) *scene {
 	t.Helper()
 	inf.healthy(t)
 	id := strings.ToLower(in.ID)
-	s := &scene{t: t, in: inf, input: in, ns: "chaos-" + id, params: sceneParams()}
+	s := &scene{t: t, in: inf, input: in, ns: "chaos-" + id, params: sceneParams(), shapes: []ownership.Topology{in.From}}
 	s.logDir = mustTempDir(t, "shardkeeper-chaos-"+id+"-")
 	s.fleet = fleettest.StartInfra(t, fleettest.Options{
 		Partitions: in.From.Partitions, Shards: in.From.Shards, Params: s.params,
@@ -396,4 +399,18 @@ func (s *scene) jetstream() jetstream.JetStream {
 // natsUnit is u in natsops' terms.
 func natsUnit(u ownership.Unit) natsops.Unit {
 	return natsops.Unit{Partition: u.Partition, Shard: u.Shard}
+}
+
+// alwaysThere reports whether unit is in every shape the spec asked for.
+func (s *scene) alwaysThere(unit string) bool {
+	u, err := ownership.ParseUnit(unit)
+	if err != nil {
+		return false
+	}
+	for _, sh := range s.shapes {
+		if !sh.Contains(u) {
+			return false
+		}
+	}
+	return true
 }
