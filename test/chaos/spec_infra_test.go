@@ -114,12 +114,13 @@ func (s *scene) expectNothingDeliveredBetween(from, to time.Time) {
 }
 
 // natsDownLength is how long a killed NATS server stays down.
-const natsDownLength = 10 * time.Second
+const natsDownLength = 20 * time.Second
 
 // natsLeaderKilledDuringHandover SIGKILLs the NATS server leading a unit's
-// consumer while that unit is being handed over (its holder's sink hangs,
-// so the drain lasts), restarts it after a while, and checks that the unit
-// reaches its new owner.
+// consumer the moment a pod roll asks the unit's holder to hand it over:
+// the holder's drain, UNPIN and release and the new owner's UNPIN and
+// first pulls all meet the consumer's leader election. It restarts the
+// server after a while and checks that the unit reaches its new owner.
 func natsLeaderKilledDuringHandover() func(*scene) {
 	return func(s *scene) {
 		const pod = "ingest-2"
@@ -131,14 +132,11 @@ func natsLeaderKilledDuringHandover() func(*scene) {
 		server := s.consumerLeader(unit)
 		inc := s.incarnationOf(pod)
 		s.disturb()
-		s.slowSink(pod, time.Hour)
-		s.awaitInFlight(pod)
 		s.rollPods()
 		s.awaitStatus(pod+" HandingOver", 2*time.Minute, func(g sighting) bool { return g.podStep(pod) == topologyv1.PodStepHandingOver })
 		proc := s.in.nats.Procs[server]
 		proc.Kill()
 		killAt := time.Now()
-		s.slowSink(pod, 0)
 		s.t.Logf("killed NATS server %s, leader of unit %s's consumer", proc.Config.Name, unit)
 		time.Sleep(natsDownLength)
 		if err := proc.Start(30 * time.Second); err != nil {
@@ -223,9 +221,11 @@ func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 		}
 		up := time.Now()
 		s.settle()
-		s.awaitStatus("VersionFloorMet True after the restart", time.Minute, func(g sighting) bool {
+		s.logFloorTimeline(down, up)
+		s.awaitStatus("VersionFloorMet True from a census after the restart", time.Minute, func(g sighting) bool {
 			c, _ := g.condition(topologyv1.ConditionVersionFloorMet)
-			return g.at.After(up) && c == metav1.ConditionTrue
+			cs := g.obj.Status.Census
+			return c == metav1.ConditionTrue && cs != nil && cs.ObservedAt != nil && !cs.ObservedAt.Time.Before(up.Truncate(time.Second))
 		})
 		s.eventually(time.Minute, func() error {
 			if !verdicts.allowedSince(up) {
@@ -327,6 +327,24 @@ func (s *scene) judgeCensus(v *verdictSampler, down, up time.Time) {
 	if floorTrue > 0 {
 		s.t.Errorf("status said VersionFloorMet=True %d times while a server was down (more than %s after it went)", floorTrue, honestyLag)
 	}
-	s.note("server down %s: %d censuses refused RESET, %d allowed it; VersionFloorMet True %d times while down; RESET and VersionFloorMet back after the restart",
+	s.note("server down %s: %d verdict samples from censuses taken while it was down refused RESET, %d allowed it; VersionFloorMet True %d times while down; RESET and VersionFloorMet back after the restart",
 		up.Sub(down).Round(time.Second), refused, lied, floorTrue)
+}
+
+// logFloorTimeline logs every change of VersionFloorMet status showed
+// around the restart, relative to the server going down.
+func (s *scene) logFloorTimeline(down, up time.Time) {
+	last := ""
+	for _, g := range s.status.since(down.Add(-5 * time.Second)) {
+		c, reason := g.condition(topologyv1.ConditionVersionFloorMet)
+		line := fmt.Sprintf("%s/%s", c, reason)
+		if cs := g.obj.Status.Census; cs != nil {
+			line += fmt.Sprintf(" min %s below %v", cs.MinVersion, cs.BelowFloor)
+		}
+		if line != last {
+			s.t.Logf("VersionFloorMet at %+.1fs: %s", g.at.Sub(down).Seconds(), line)
+			last = line
+		}
+	}
+	s.t.Logf("server down at 0s, up at %+.1fs", up.Sub(down).Seconds())
 }
