@@ -1,6 +1,7 @@
 # shardkeeper Makefile. The two commands the README opens with:
 #   make demo   runs the operator's main job on embedded defaults
-#   make test   runs every test (what CI runs)
+#   make test   runs every test (what CI runs), the chaos suite's CI subset included
+#   make chaos  runs every chaos scenario
 
 SHELL := /usr/bin/env bash -o pipefail
 
@@ -26,6 +27,10 @@ vet:
 .PHONY: test
 test: deps vet ## Run every test, building and starting what they need.
 	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go test -count=1 -timeout 60m ./...
+
+.PHONY: chaos
+chaos: deps ## Run every chaos scenario (test/chaos) and print their summary table; make test runs only the CI subset.
+	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" SHARDKEEPER_CHAOS=all go test -count=1 -timeout 120m -v -run TestChaos ./test/chaos/
 
 .PHONY: demo
 demo: deps ## Run the demo: a local control plane, the operator and the sample.

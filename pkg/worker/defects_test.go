@@ -413,3 +413,34 @@ func TestARestartedDrainingWorkerGivesUpItsDeadIncarnationsUnits(t *testing.T) {
 		}
 	}
 }
+
+// Found by the chaos suite (scenario 5: PostgreSQL unreachable for 30s,
+// then back): while the registry does not answer, a member keeps trying
+// at least every half renew interval plus one query. It used to back off
+// to 2s between attempts, longer than the grace, so the first member back
+// could adopt the units of one still waiting out its backoff, and units
+// did not return to their owners.
+//
+// checks P5 (liveness: owners renew first)
+func TestAMemberRetriesTheRegistryWithinTheGrace(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	a := startSDK(t, f, "w-0", nil, nil)
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+	p := f.Opts.Params
+	a.reg.holdRenewals()
+	// Hold long enough for any backoff to reach its cap.
+	time.Sleep(3 * p.LeaseTTL)
+	a.reg.releaseRenewals()
+	a.reg.mu.Lock()
+	attempts := append([]time.Time(nil), a.reg.heldRenewals...)
+	a.reg.mu.Unlock()
+	if len(attempts) < 3 {
+		t.Fatalf("only %d renewals while the registry did not answer", len(attempts))
+	}
+	bound := p.RenewInterval/2 + p.QueryBound + 250*time.Millisecond
+	for i := 1; i < len(attempts); i++ {
+		if gap := attempts[i].Sub(attempts[i-1]); gap > bound {
+			t.Fatalf("%s between renewal attempts %d and %d while the registry did not answer; the grace is %s, bound %s", gap, i, i+1, p.Grace, bound)
+		}
+	}
+}

@@ -41,11 +41,16 @@ type faultyRegistry struct {
 	claimGate chan struct{}
 	// late counts late requests still in flight.
 	late sync.WaitGroup
+	// heldRenewals are when each Renew the gate held was made.
+	heldRenewals []time.Time
 }
 
 func (r *faultyRegistry) Renew(ctx context.Context, m poolctl.MemberRef) (poolctl.Lease, error) {
 	r.mu.Lock()
 	gate := r.renewGate
+	if gate != nil {
+		r.heldRenewals = append(r.heldRenewals, time.Now())
+	}
 	r.mu.Unlock()
 	if gate != nil {
 		select {

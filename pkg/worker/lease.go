@@ -24,12 +24,29 @@ func (w *Worker) leaseLoop(ctx context.Context) {
 			if ctx.Err() == nil {
 				w.log.Info("Lease step failed", "error", err.Error())
 			}
+			b.max = w.retryCap()
 			b.wait(ctx, w.wakeLease)
 			continue
 		}
 		b.reset()
 		w.sleepUntilRenewDue(ctx)
 	}
+}
+
+// retryCap bounds the wait between failed lease steps by half the renew
+// interval: when the registry comes back, every member whose lease lapsed
+// rejoins within half a renew interval plus one query, inside the grace
+// (P5: at least a renew interval plus a query) during which the first one
+// back may not adopt yet. With a longer wait, the first member back took
+// over the units of members still waiting out their backoff, and the
+// units did not return to their owners.
+func (w *Worker) retryCap() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r := w.params.RenewInterval; r > 0 {
+		return min(2*time.Second, max(50*time.Millisecond, r/2))
+	}
+	return 2 * time.Second
 }
 
 // leaseStep does what the lease needs now: join when there is no lease,

@@ -314,15 +314,12 @@ type takeoverWatch struct {
 
 func (s *scene) watchTakeovers() *takeoverWatch {
 	tw := &takeoverWatch{last: map[string]map[string]float64{}, stopc: make(chan struct{}), done: make(chan struct{})}
+	s.beforeStop(tw.scrape)
 	go func() {
 		defer close(tw.done)
 		for {
 			for _, addr := range s.kubelet.Addrs() {
-				if counts, ok := scrapeTakeovers(addr); ok {
-					tw.mu.Lock()
-					tw.last[addr] = counts
-					tw.mu.Unlock()
-				}
+				tw.scrape("", addr)
 			}
 			select {
 			case <-tw.stopc:
@@ -334,11 +331,22 @@ func (s *scene) watchTakeovers() *takeoverWatch {
 	return tw
 }
 
+// scrape keeps the process's reading, if it answers.
+func (tw *takeoverWatch) scrape(_, addr string) {
+	if counts, ok := scrapeTakeovers(addr); ok {
+		tw.mu.Lock()
+		tw.last[addr] = counts
+		tw.mu.Unlock()
+	}
+}
+
 // stop ends the scraping and sums the last reading of every process by
 // outcome.
 func (tw *takeoverWatch) stop() map[string]float64 {
 	close(tw.stopc)
 	<-tw.done
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
 	out := map[string]float64{}
 	for _, counts := range tw.last {
 		for outcome, n := range counts {

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -84,6 +85,17 @@ type scene struct {
 	// notes are scenario-specific findings for the log.
 	notes []string
 	rolls int
+
+	hookMu    sync.Mutex
+	stopHooks []func(pod, addr string)
+}
+
+// beforeStop adds a hook the kubelet runs before it stops a deleted pod's
+// process.
+func (s *scene) beforeStop(h func(pod, addr string)) {
+	s.hookMu.Lock()
+	defer s.hookMu.Unlock()
+	s.stopHooks = append(s.stopHooks, h)
 }
 
 // newScene starts the scenario's fleet at in.From with in.Replicas pods
@@ -217,6 +229,14 @@ func (s *scene) startKubelet() {
 			return append(s.fleet.Env(p.Name), "WORKER_HANDLER_DELAY_FILE="+s.delayFile(p.Name))
 		},
 		Output: s.output,
+		BeforeStop: func(pod, addr string) {
+			s.hookMu.Lock()
+			hooks := slices.Clone(s.stopHooks)
+			s.hookMu.Unlock()
+			for _, h := range hooks {
+				h(pod, addr)
+			}
+		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -221,19 +222,21 @@ func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 		}
 		up := time.Now()
 		s.settle()
-		s.logFloorTimeline(down, up)
-		s.awaitStatus("VersionFloorMet True from a census after the restart", time.Minute, func(g sighting) bool {
+		_, back := s.status.await(up, time.Minute, func(g sighting) bool {
 			c, _ := g.condition(topologyv1.ConditionVersionFloorMet)
 			cs := g.obj.Status.Census
 			return c == metav1.ConditionTrue && cs != nil && cs.ObservedAt != nil && !cs.ObservedAt.Time.Before(up.Truncate(time.Second))
 		})
-		s.eventually(time.Minute, func() error {
-			if !verdicts.allowedSince(up) {
-				return fmt.Errorf("no census taken after the restart allowed RESET yet")
-			}
-			return nil
-		})
+		allowed := false
+		for end := time.Now().Add(30 * time.Second); !allowed && time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+			allowed = verdicts.allowedSince(up)
+		}
 		verdicts.stop()
+		s.logFloorTimeline(down, up)
+		verdicts.log(s.t, down)
+		if !back || !allowed {
+			s.t.Fatalf("after the restart: VersionFloorMet True again %t, RESET allowed again %t", back, allowed)
+		}
 		s.judgeCensus(verdicts, down, up)
 	}
 }
@@ -275,6 +278,18 @@ func (s *scene) sampleVerdicts() *verdictSampler {
 }
 
 func (v *verdictSampler) stop() { close(v.stopc); <-v.done }
+
+// log logs every change of the sampled verdict, relative to down.
+func (v *verdictSampler) log(t testing.TB, down time.Time) {
+	last := ""
+	for _, x := range v.samples {
+		line := fmt.Sprintf("census of %+.1fs: allowed %t (%s)", x.takenAt.Sub(down).Seconds(), x.allowed, x.reason)
+		if line != last {
+			t.Log("RESET verdict: " + line)
+			last = line
+		}
+	}
+}
 
 // allowedSince reports whether a census taken after t allowed RESET.
 func (v *verdictSampler) allowedSince(t time.Time) bool {
@@ -335,7 +350,7 @@ func (s *scene) judgeCensus(v *verdictSampler, down, up time.Time) {
 // around the restart, relative to the server going down.
 func (s *scene) logFloorTimeline(down, up time.Time) {
 	last := ""
-	for _, g := range s.status.since(down.Add(-5 * time.Second)) {
+	for _, g := range s.status.since(down.Add(-10 * time.Second)) {
 		c, reason := g.condition(topologyv1.ConditionVersionFloorMet)
 		line := fmt.Sprintf("%s/%s", c, reason)
 		if cs := g.obj.Status.Census; cs != nil {

@@ -50,6 +50,11 @@ type Kubelet struct {
 	// Output, when set, returns the writer for a pod's process output. It
 	// must be safe for concurrent use.
 	Output func(pod string) io.Writer
+	// BeforeStop, when set, is called with a deleted pod's name and its
+	// process's probe address before the kubelet sends it SIGTERM: the
+	// last moment a test can read what the process counted (its
+	// /metrics), as a kubelet's preStop hook runs before the signal.
+	BeforeStop func(pod, addr string)
 
 	mu    sync.Mutex
 	procs map[types.UID]*proc
@@ -257,6 +262,9 @@ func podCondition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodConditi
 // removes the pod object so its controller can replace it.
 func (k *Kubelet) terminate(ctx context.Context, pod *corev1.Pod) error {
 	if p := k.markStopping(pod.UID); p != nil {
+		if k.BeforeStop != nil {
+			k.BeforeStop(p.pod, p.addr)
+		}
 		grace := 30 * time.Second
 		if pod.DeletionGracePeriodSeconds != nil {
 			grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
