@@ -12,14 +12,17 @@ import (
 func shape(n, v int) ownership.Topology { return ownership.Topology{Partitions: n, Shards: v} }
 
 // scenarios is the table, filled in. CI marks the subset make
-// test runs; make chaos runs them all.
+// test runs (one or two of each kind of fault: the operator killed, a
+// worker stopped and killed, the registry refused, a NATS leader killed,
+// the spec moved under a pending epoch, a scale-down); make chaos runs
+// them all.
 func scenarios() []specInput {
 	base := func(id, name string, ci bool, act func(*scene)) specInput {
 		return specInput{ID: id, Name: name, CI: ci, From: shape(2, 4), Replicas: 3, Rate: 60, Act: act}
 	}
 	mid := shape(2, 8)
 	return []specInput{
-		base("1", "operator killed at each step of a V change", false, operatorKilledAtEachStep([]stepKill{
+		base("1", "operator killed at each step of a V change", true, operatorKilledAtEachStep([]stepKill{
 			{shape(2, 8), topologyv1.StepProvision},
 			{shape(2, 4), topologyv1.StepRetire},
 			{shape(2, 8), topologyv1.StepFreeze},
@@ -31,21 +34,21 @@ func scenarios() []specInput {
 			{"ingest-1", topologyv1.PodStepDeleting},
 			{"ingest-0", topologyv1.PodStepRejoining},
 		})),
-		base("3", "worker SIGSTOPped past lease+grace in freeze, claim, own handover", false, pausedPastLease(shape(2, 8), shape(2, 12))),
+		base("3", "worker SIGSTOPped past lease+grace in freeze, claim, own handover", true, pausedPastLease(shape(2, 8), shape(2, 12))),
 		withAckWait(base("4a", "worker SIGKILLed mid-handover, census allows RESET", true, killedMidHandover(true))),
 		withFloor(withAckWait(base("4b", "worker SIGKILLed mid-handover, census refuses RESET", false, killedMidHandover(false)))),
 		base("5a", "registry refused for 30s", true, registryOutage(false)),
 		base("5b", "registry hung for 30s", false, registryOutage(true)),
-		base("6", "NATS consumer leader killed during the unit's handover", false, natsLeaderKilledDuringHandover()),
+		base("6", "NATS consumer leader killed during the unit's handover", true, natsLeaderKilledDuringHandover()),
 		base("7", "NATS server restarted mid-rollout", false, natsRestartMidRollout(mid)),
-		base("8", "spec changed to a third V while the second is pending", false, changedWhilePending(mid, shape(2, 6))),
+		base("8", "spec changed to a third V while the second is pending", true, changedWhilePending(mid, shape(2, 6))),
 		base("9a", "abort after activation", false, abortAfterActivation(mid)),
 		base("9b", "abort during a pod roll", false, abortDuringPodRoll()),
-		scaleDown(base("10a", "scale-down 6x16->4x8, draining holder SIGKILLed", false, scaleDownHolderDies(shape(4, 8), syscall.SIGKILL))),
+		scaleDown(base("10a", "scale-down 6x16->4x8, draining holder SIGKILLed", true, scaleDownHolderDies(shape(4, 8), syscall.SIGKILL))),
 		scaleDown(base("10b", "scale-down 6x16->4x8, draining holder SIGTERMed", false, scaleDownHolderDies(shape(4, 8), syscall.SIGTERM))),
 		transform(base("11", "SubjectTransform V 8->16 reverted while Freezing", false, transformRevertedWhileFreezing(shape(2, 16)))),
-		base("12a", "worker SIGKILLed and restarted, steady state", true, killedAndRestarted(nil)),
-		base("12b", "worker SIGKILLed and restarted mid-change", false, killedAndRestarted(&mid)),
+		base("12a", "worker SIGKILLed and restarted, steady state", false, killedAndRestarted(nil)),
+		base("12b", "worker SIGKILLed and restarted mid-change", true, killedAndRestarted(&mid)),
 	}
 }
 
