@@ -3,6 +3,8 @@ package chaos
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -34,6 +36,12 @@ type specInput struct {
 	Assignment   topologyv1.ShardAssignment
 	VersionFloor string
 	AckWait      time.Duration
+	// CleanCensus makes the scenario wait, before its fault, until the
+	// operator's census allows RESET: its assertions need a census that
+	// sees every server (after a nats-server is SIGKILLed, the cluster
+	// counts its dead process for up to four minutes, and the census,
+	// failing closed, refuses RESET meanwhile).
+	CleanCensus bool
 	// Act disturbs the running fleet and checks what the scenario
 	// promises beyond the verdict. It marks the disturbance with
 	// s.disturb and s.settle.
@@ -151,7 +159,19 @@ func TestChaos(t *testing.T) {
 			t.Logf("scenario %s skipped: %s", r.ID, r.Skipped)
 		}
 	}
+	slices.SortStableFunc(results, func(a, b result) int { return compareIDs(a.ID, b.ID) })
 	t.Log("\n" + summaryTable(results))
+}
+
+// compareIDs orders scenario ids as the table does: by number,
+// then variant ("4a" before "4b" before "5a").
+func compareIDs(a, b string) int {
+	na, _ := strconv.Atoi(strings.TrimRight(a, "abcdefgh"))
+	nb, _ := strconv.Atoi(strings.TrimRight(b, "abcdefgh"))
+	if na != nb {
+		return na - nb
+	}
+	return strings.Compare(a, b)
 }
 
 // summaryTable renders one line per scenario.

@@ -310,10 +310,11 @@ type takeoverWatch struct {
 	last  map[string]map[string]float64 // process address -> outcome -> count
 	stopc chan struct{}
 	done  chan struct{}
+	addrs func() map[string]string
 }
 
 func (s *scene) watchTakeovers() *takeoverWatch {
-	tw := &takeoverWatch{last: map[string]map[string]float64{}, stopc: make(chan struct{}), done: make(chan struct{})}
+	tw := &takeoverWatch{last: map[string]map[string]float64{}, stopc: make(chan struct{}), done: make(chan struct{}), addrs: s.kubelet.Addrs}
 	s.beforeStop(tw.scrape)
 	go func() {
 		defer close(tw.done)
@@ -345,6 +346,10 @@ func (tw *takeoverWatch) scrape(_, addr string) {
 func (tw *takeoverWatch) stop() map[string]float64 {
 	close(tw.stopc)
 	<-tw.done
+	// A last reading: a takeover may have come since the last round.
+	for _, addr := range tw.addrs() {
+		tw.scrape("", addr)
+	}
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
 	out := map[string]float64{}

@@ -129,7 +129,21 @@ func newScene(t *testing.T, inf *infra, in specInput) *scene {
 	s.follow = startFollower(s, s.pub)
 	t.Cleanup(func() { s.stopTraffic() })
 	s.awaitFlow()
+	if in.CleanCensus {
+		s.awaitCleanCensus()
+	}
 	return s
+}
+
+// awaitCleanCensus waits until the operator's latest published census
+// allows RESET.
+func (s *scene) awaitCleanCensus() {
+	s.t.Helper()
+	began := time.Now()
+	s.awaitRegistry("a census allowing RESET", 6*time.Minute, func(sn poolctl.Snapshot) bool { return sn.Reset.Published && sn.Reset.Allowed })
+	if waited := time.Since(began); waited > 10*time.Second {
+		s.note("waited %s for a census that sees every NATS server before the fault", waited.Round(time.Second))
+	}
 }
 
 // awaitFlow waits until rows reach the sink from every unit of the first
