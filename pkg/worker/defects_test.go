@@ -225,7 +225,9 @@ func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
 
 	// w-0's first claims (adoptions) wait on the gate. A wide fence
 	// margin makes it fence itself well before the registry could see
-	// its lease expire, so the claims still commit once the gate opens.
+	// its lease expire, and its fence records are held, so the claims
+	// still commit once the gate opens. (Had the registry heard of the
+	// fence, it would refuse them: safe, but then nothing is tested.)
 	gate := make(chan struct{})
 	a := startSDK(t, f, "w-0", nil, func(o *worker.Options) {
 		o.Registry.(*faultyRegistry).claimGate = gate
@@ -237,6 +239,7 @@ func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
 		}
 		return nil
 	})
+	a.reg.holdFences()
 	a.reg.holdRenewals()
 	fleettest.Eventually(t, 10*time.Second, func() error {
 		if !a.w.Status().Fenced {
@@ -261,6 +264,7 @@ func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
 		t.Fatal("setup: w-0's fence lifted before its claims returned")
 	}
 	lift := history.Now()
+	a.reg.releaseFences()
 	a.reg.releaseRenewals()
 	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
 	for _, k := range []history.Kind{history.KindReset, history.KindDeliver, history.KindFetch} {

@@ -43,6 +43,9 @@ type faultyRegistry struct {
 	late sync.WaitGroup
 	// heldRenewals are when each Renew the gate held was made.
 	heldRenewals []time.Time
+	// fenceGate, when set, holds every Fence until it is closed (or the
+	// call's context ends): the registry does not hear of a local fence.
+	fenceGate chan struct{}
 }
 
 func (r *faultyRegistry) Renew(ctx context.Context, m poolctl.MemberRef) (poolctl.Lease, error) {
@@ -66,7 +69,15 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 	r.mu.Lock()
 	late := r.lateFence
 	r.lateFence = 0
+	gate := r.fenceGate
 	r.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return fmt.Errorf("fence held by the test: %w", ctx.Err())
+		}
+	}
 	if late == 0 {
 		return r.Registry.Fence(ctx, m, gen)
 	}
@@ -115,6 +126,21 @@ func (r *faultyRegistry) holdRenewals() chan struct{} {
 	defer r.mu.Unlock()
 	r.renewGate = make(chan struct{})
 	return r.renewGate
+}
+
+func (r *faultyRegistry) holdFences() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fenceGate = make(chan struct{})
+}
+
+func (r *faultyRegistry) releaseFences() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fenceGate != nil {
+		close(r.fenceGate)
+		r.fenceGate = nil
+	}
 }
 
 func (r *faultyRegistry) releaseRenewals() {
