@@ -353,12 +353,17 @@ func withoutVerb(t *testing.T, manifests []byte, role, resource, verb string) []
 			t.Fatal(err)
 		}
 		if cr.Kind == "ClusterRole" && cr.Name == role {
-			for i, rule := range cr.Rules {
+			var kept []rbacv1.PolicyRule
+			for _, rule := range cr.Rules {
 				if slices.Contains(rule.Resources, resource) && slices.Contains(rule.Verbs, verb) {
-					cr.Rules[i].Verbs = slices.DeleteFunc(slices.Clone(rule.Verbs), func(v string) bool { return v == verb })
+					rule.Verbs = slices.DeleteFunc(slices.Clone(rule.Verbs), func(v string) bool { return v == verb })
 					removed = true
 				}
+				if len(rule.Verbs) > 0 { // a rule without verbs is invalid
+					kept = append(kept, rule)
+				}
 			}
+			cr.Rules = kept
 			if doc, err = yaml.Marshal(&cr); err != nil {
 				t.Fatal(err)
 			}
