@@ -59,6 +59,7 @@ func parseFlags(args []string, getenv func(string) string, output io.Writer) (op
 	fs.BoolVar(&o.LeaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles at a time")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "shardkeeper.topology.shardkeeper.dev", "name of the leader election Lease")
+	fs.DurationVar(&o.RegistryTimeout, "registry-timeout", 0, "bound of each registry operation of the operator (0: 10s); a registry that does not answer within it is reported in status")
 	fs.Var(&watch, "watch-namespace", "namespace whose ShardTopologies the operator reconciles; repeat it or separate names with commas (env WATCH_NAMESPACE); unset: every namespace")
 	logOpts.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {

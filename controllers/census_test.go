@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -59,9 +60,18 @@ func TestCensusVerdictIsPublishedAndFailsClosed(t *testing.T) {
 		}
 		return nil
 	})
+	// The verdict carries what a worker's GuardedReset checks a
+	// consumer's current hosts against: the floor and every server's
+	// version.
 	eventually(t, 10*time.Second, func() error {
-		if r := f.snapshot().Reset; !r.Allowed || r.CensusAge > time.Minute {
-			return fmt.Errorf("RESET permission %+v, want allowed by a fresh census", r)
+		r := f.snapshot().Reset
+		if !r.Allowed || r.CensusAge > time.Minute || r.Floor != "2.14.0" || len(r.Servers) != 3 {
+			return fmt.Errorf("RESET permission %+v, want allowed by a fresh census, floor 2.14.0, 3 servers", r)
+		}
+		for name, v := range r.Servers {
+			if !strings.HasPrefix(name, f.nats.Name) || v != server.VERSION {
+				return fmt.Errorf("server %s at %q in the verdict, want a cluster member at %s", name, v, server.VERSION)
+			}
 		}
 		return nil
 	})

@@ -59,6 +59,12 @@ type topologyConns struct {
 	// announced are units whose retirement an Event already reported;
 	// RetireConsumers counts a consumer already gone as retired again.
 	announced map[string]bool
+	// censusTaken says this process attempted a census of the topology;
+	// pending is what its last successful one counted (nil if none).
+	censusTaken bool
+	pending     *pendingRows
+	// prunedAt is when this process last pruned the registry's history.
+	prunedAt time.Time
 }
 
 // NATSConfig is what a NATS connection is opened from.
@@ -341,6 +347,36 @@ func (c *Connections) censusDue(key types.NamespacedName) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.censusDue
+}
+
+// setPendingRows records what the census counted (nil when it failed).
+func (c *Connections) setPendingRows(key types.NamespacedName, p *pendingRows) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.censusTaken, e.pending = true, p
+}
+
+// pendingRows returns what the last census counted, and whether this
+// process took a census of the topology at all.
+func (c *Connections) pendingRows(key types.NamespacedName) (*pendingRows, bool) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pending, e.censusTaken
+}
+
+// pruneDue reports whether the registry's history was not pruned by this
+// process within every, and if so records now as the prune time.
+func (c *Connections) pruneDue(key types.NamespacedName, now time.Time, every time.Duration) bool {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.prunedAt.IsZero() && now.Sub(e.prunedAt) < every && now.After(e.prunedAt) {
+		return false
+	}
+	e.prunedAt = now
+	return true
 }
 
 // newlyRetired returns the units not announced as retired under the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sort"
 	"strings"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/operator"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/faultproxy"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
 
@@ -36,6 +38,11 @@ type fleetInput struct {
 	// (default 1).
 	servers, replicas int
 	floor             string
+	// registryProxy puts a faultproxy between the operator and the
+	// registry (the test's own handle, f.reg, connects directly).
+	registryProxy bool
+	// assignment is spec.nats.shardAssignment (default: publishers).
+	assignment topologyv1.ShardAssignment
 }
 
 // fleet is one test's world: a namespace with the Secrets and StatefulSet a
@@ -49,6 +56,8 @@ type fleet struct {
 	dsn  string
 	reg  *poolctl.PG
 	topo *topologyv1.ShardTopology
+	// proxy sits between the operator and the registry when asked for.
+	proxy *faultproxy.Proxy
 }
 
 func newFleet(t *testing.T, in fleetInput) *fleet {
@@ -70,9 +79,19 @@ func newFleet(t *testing.T, in fleetInput) *fleet {
 	}
 	t.Cleanup(reg.Close)
 	f.reg = reg
+	operatorDSN := f.dsn
+	if in.registryProxy {
+		u, err := url.Parse(f.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.proxy = faultproxy.New(t, u.Host)
+		u.Host = f.proxy.Addr()
+		operatorDSN = u.String()
+	}
 
 	for name, data := range map[string]map[string]string{
-		"registry": {"dsn": f.dsn},
+		"registry": {"dsn": operatorDSN},
 		"nats": {
 			"app": natstest.AppUser + ":" + natstest.AppPassword,
 			"sys": natstest.SysUser + ":" + natstest.SysPassword,
@@ -94,6 +113,7 @@ func newFleet(t *testing.T, in fleetInput) *fleet {
 				SystemCredentialsSecretRef: &topologyv1.SecretKeyRef{Name: "nats", Key: "sys"},
 				Replicas:                   int32(in.replicas),
 				VersionFloor:               in.floor,
+				ShardAssignment:            in.assignment,
 			},
 			Registry: topologyv1.RegistrySpec{DSNSecretRef: topologyv1.SecretKeyRef{Name: "registry", Key: "dsn"}},
 			Workload: topologyv1.WorkloadSpec{StatefulSetName: "ingest"},
@@ -270,6 +290,38 @@ func (f *fleet) publish(p, s, n int) {
 	}
 }
 
+// publishKeys publishes n rows to partition p under a subject transform,
+// one key each.
+func (f *fleet) publishKeys(p, n int) {
+	f.t.Helper()
+	js, err := jetstream.New(f.nc)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	l := natsops.Layout{SubjectPrefix: "shardkeeper"}
+	for i := range n {
+		if _, err := js.Publish(context.Background(), l.RowSubject(p, fmt.Sprintf("key%d", i)), []byte("row")); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// pending is how many rows wait, never delivered, in unit p.s's consumer.
+func (f *fleet) pending(p, s int) uint64 {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(f.nc)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, fmt.Sprintf("SHARDKEEPER_INGEST_%d", p), fmt.Sprintf("ingest_%d_%d", p, s))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return cons.CachedInfo().NumPending
+}
+
 // drain pulls and acknowledges every row of unit p.s's consumer, as the
 // unit's last owner would.
 func (f *fleet) drain(p, s int) int {
@@ -331,12 +383,17 @@ type operatorRun struct {
 
 func startOperator(t *testing.T, ns string) *operatorRun {
 	t.Helper()
+	return startOperatorWith(t, ns, operator.Options{})
+}
+
+// startOperatorWith starts an operator with o's intervals and bounds.
+func startOperatorWith(t *testing.T, ns string, opts operator.Options) *operatorRun {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := operator.New(ctx, cfg, operator.Options{
-		MetricsAddr: "0", ProbeAddr: "0",
-		Cache:                        cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
-		SkipControllerNameValidation: true,
-	})
+	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
+	opts.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}}
+	opts.SkipControllerNameValidation = true
+	mgr, err := operator.New(ctx, cfg, opts)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

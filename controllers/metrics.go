@@ -17,7 +17,8 @@ import (
 //
 //	shardkeeper_units_owned{namespace,name}                 units of the active epoch with a valid claim
 //	shardkeeper_units_unowned{namespace,name}               units of the active epoch without one
-//	shardkeeper_units_multiply_owned{namespace,name}        units with two valid claims (0 by construction: a bug otherwise)
+//	shardkeeper_units_multiply_owned{namespace,name}        units two or more members pulled at once, from their activity reports (a bug if not 0)
+//	shardkeeper_units_stalled{namespace,name}               owned units that do not flow (activity report stale or missing, or rows pending and none received)
 //	shardkeeper_units_retiring{namespace,name}              units that left the topology whose consumers still exist
 //	shardkeeper_rollout_phase{namespace,name,phase}         1 for the current status.phase, 0 for the others
 //	shardkeeper_rollout_pods_done{namespace,name}           pods of the current pod-by-pod roll that are done
@@ -36,7 +37,8 @@ import (
 var (
 	unitsOwnedGauge         = topologyGauge("shardkeeper_units_owned", "Units of the active topology epoch with exactly one valid claim.")
 	unitsUnownedGauge       = topologyGauge("shardkeeper_units_unowned", "Units of the active topology epoch without a valid claim.")
-	unitsMultiplyOwnedGauge = topologyGauge("shardkeeper_units_multiply_owned", "Units with more than one valid claim; anything but 0 is a bug.")
+	unitsMultiplyOwnedGauge = topologyGauge("shardkeeper_units_multiply_owned", "Units pulled by two or more members at once, as their activity reports show (fresh reports of pulls within two renew intervals); anything but 0 is a bug.")
+	unitsStalledGauge       = topologyGauge("shardkeeper_units_stalled", "Owned units of the active epoch that do not flow: the owner's activity report is stale or missing, or rows wait in the unit's consumer and the owner received none within the stall bound.")
 	unitsRetiringGauge      = topologyGauge("shardkeeper_units_retiring", "Units that left the topology whose consumers are not retired yet (kept until drained).")
 	podsDoneGauge           = topologyGauge("shardkeeper_rollout_pods_done", "Pods of the current pod-by-pod roll that are done.")
 	podsTotalGauge          = topologyGauge("shardkeeper_rollout_pods_total", "Pods the current pod-by-pod roll covers.")
@@ -84,7 +86,7 @@ var allPhases = []topologyv1.Phase{
 
 func init() {
 	metrics.Registry.MustRegister(
-		unitsOwnedGauge, unitsUnownedGauge, unitsMultiplyOwnedGauge, unitsRetiringGauge,
+		unitsOwnedGauge, unitsUnownedGauge, unitsMultiplyOwnedGauge, unitsStalledGauge, unitsRetiringGauge,
 		podsDoneGauge, podsTotalGauge, censusBelowFloorGauge, resetAllowedGauge,
 		rolloutPhaseGauge, epochGauge, censusMinVersionGauge, resetBlockedGauge, resetDenialsCounter,
 		censusAge,
@@ -110,6 +112,7 @@ func recordStatusMetrics(key types.NamespacedName, st *topologyv1.ShardTopologyS
 		unitsOwnedGauge.WithLabelValues(ns, name).Set(float64(u.Owned))
 		unitsUnownedGauge.WithLabelValues(ns, name).Set(float64(u.Unowned))
 		unitsMultiplyOwnedGauge.WithLabelValues(ns, name).Set(float64(u.MultiplyOwned))
+		unitsStalledGauge.WithLabelValues(ns, name).Set(float64(u.Stalled))
 		unitsRetiringGauge.WithLabelValues(ns, name).Set(float64(u.Retiring))
 	}
 	var done, total int32
@@ -160,7 +163,7 @@ func recordResetVerdict(key types.NamespacedName, blockedBy string) {
 func forgetMetrics(key types.NamespacedName) {
 	labels := prometheus.Labels{"namespace": key.Namespace, "name": key.Name}
 	for _, v := range []*prometheus.GaugeVec{
-		unitsOwnedGauge, unitsUnownedGauge, unitsMultiplyOwnedGauge, unitsRetiringGauge, podsDoneGauge, podsTotalGauge,
+		unitsOwnedGauge, unitsUnownedGauge, unitsMultiplyOwnedGauge, unitsStalledGauge, unitsRetiringGauge, podsDoneGauge, podsTotalGauge,
 		censusBelowFloorGauge, resetAllowedGauge, rolloutPhaseGauge, epochGauge, censusMinVersionGauge, resetBlockedGauge,
 	} {
 		v.DeletePartialMatch(labels)

@@ -22,7 +22,9 @@ import (
 // than their own bound. Without system credentials, or when the census
 // fails, the verdict refuses RESET (fail closed); takeover then waits for
 // ack_wait. A floor not met does not stall the topology: it only turns
-// RESET off.
+// RESET off. The census also counts each unit consumer's pending rows,
+// which status uses to find owned units whose rows wait; the first
+// reconcile after an operator start takes one, so those counts exist.
 
 // DefaultCensusInterval is how often the census runs when nothing else
 // asks for one.
@@ -50,9 +52,12 @@ type censusReport struct {
 func (r *ShardTopologyReconciler) censusDue(s *scope) (bool, time.Duration) {
 	st := s.topo.Status
 	interval := r.censusInterval()
+	_, taken := r.conns().pendingRows(s.key)
 	switch {
 	case r.conns().censusDue(s.key), s.census != nil:
 		return true, 0
+	case !taken:
+		return true, 0 // the first since this process started: pending rows are unknown
 	case st.Census == nil || st.Census.ObservedAt == nil:
 		return true, 0
 	case st.ObservedGeneration != s.topo.Generation:
@@ -80,16 +85,13 @@ func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl
 	default:
 		rep = r.census(ctx, s)
 	}
-	rep.judge(s)
-	takenAt := s.now
-	if rep.census != nil {
-		takenAt = rep.census.TakenAt
-	}
-	perm := poolctl.ResetPermission{Allowed: rep.allowed, CensusAge: max(0, time.Since(takenAt)), Reason: rep.reason}
-	if err := s.reg.PublishResetPermission(ctx, s.registryKey(), perm); err != nil {
+	rep.judge()
+	if err := s.reg.PublishResetPermission(ctx, s.registryKey(), rep.permission(time.Now())); err != nil {
 		return ctrl.Result{}, fmt.Errorf("publish RESET permission: %w", err)
 	}
 	r.conns().setCensusDue(s.key, false)
+	s.pending = s.pendingRows(rep.census)
+	r.conns().setPendingRows(s.key, s.pending)
 	recordResetVerdict(s.key, rep.blockedBy)
 	s.census = rep
 	if rep.census != nil && !rep.census.FloorMet() && !belowFloorBefore(s) {
@@ -149,8 +151,9 @@ func (s *scope) censusConsumers() []natsops.ConsumerRef {
 }
 
 // judge sets the verdict: RESET is allowed only when the census met the
-// floor and allows RESET of every inspected consumer.
-func (rep *censusReport) judge(s *scope) {
+// floor and allows RESET of every inspected consumer
+// (natsops.Census.ResetVerdict).
+func (rep *censusReport) judge() {
 	switch {
 	case rep.noSystemCredentials:
 		rep.allowed, rep.reason, rep.blockedBy = false, "no system credentials", resetBlockedNoSystemCredentials
@@ -158,19 +161,50 @@ func (rep *censusReport) judge(s *scope) {
 	case rep.failed != "":
 		rep.allowed, rep.reason, rep.blockedBy = false, "census failed: "+rep.failed, resetBlockedCensusFailed
 		return
+	}
+	v := rep.census.ResetVerdict()
+	switch {
 	case !rep.census.FloorMet():
 		rep.allowed, rep.blockedBy = false, resetBlockedBelowFloor
 		rep.reason = fmt.Sprintf("below floor %s: %s", rep.census.Floor, serversWithVersions(rep.census, 4))
-		return
+	case !v.Allowed:
+		rep.allowed, rep.reason, rep.blockedBy = false, v.Reason, resetBlockedConsumerNotCovered
+	default:
+		rep.allowed, rep.reason, rep.blockedBy = true, v.Reason, ""
 	}
-	for _, p := range rep.census.Consumers {
-		if err := rep.census.Allow(natsops.OpReset, p.ConsumerRef, time.Hour, rep.census.TakenAt); err != nil {
-			rep.allowed, rep.reason, rep.blockedBy = false, err.Error(), resetBlockedConsumerNotCovered
-			return
+}
+
+// permission is the verdict as the registry publishes it to the workers:
+// with the floor and every server's version, so a worker's GuardedReset
+// checks the consumer's hosts at the moment it would RESET (P4), and with
+// the census's age as of now, counted from its first reply.
+func (rep *censusReport) permission(now time.Time) poolctl.ResetPermission {
+	p := poolctl.ResetPermission{Allowed: rep.allowed, Reason: rep.reason}
+	if rep.census == nil {
+		return p
+	}
+	v := rep.census.ResetVerdict()
+	p.Floor, p.Servers = v.Floor, v.Servers
+	p.CensusAge = max(0, now.Sub(v.TakenAt))
+	return p
+}
+
+// pendingRows is what the census counted pending in the active epoch's
+// unit consumers, on the registry's clock; nil without a census.
+func (s *scope) pendingRows(c *natsops.Census) *pendingRows {
+	if c == nil || s.snap == nil || s.snap.Active == nil {
+		return nil
+	}
+	active := epochTopology(s.snap.Active)
+	l := layoutFor(&s.topo.Spec, active)
+	p := &pendingRows{at: c.TakenAt.Add(s.regOffset), units: map[string]uint64{}}
+	for _, u := range active.Units() {
+		ref := l.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard})
+		if cp, ok := c.Consumer(ref.Stream, ref.Name); ok && cp.Found {
+			p.units[u.String()] = cp.Pending
 		}
 	}
-	rep.allowed, rep.blockedBy = true, ""
-	rep.reason = fmt.Sprintf("%d servers at or above %s", countedServers(rep.census), rep.census.Floor)
+	return p
 }
 
 // belowFloorBefore reports whether status already said the floor is not

@@ -53,6 +53,9 @@ type ShardTopologyReconciler struct {
 	// CensusInterval is how often the census runs at least; 0 means
 	// DefaultCensusInterval.
 	CensusInterval time.Duration
+	// RegistryTimeout bounds every registry operation; 0 means
+	// DefaultRegistryTimeout.
+	RegistryTimeout time.Duration
 	// Now is the clock for condition transition times; nil means time.Now.
 	Now func() time.Time
 
@@ -159,6 +162,13 @@ func (r *ShardTopologyReconciler) reader() client.Reader {
 		return r.APIReader
 	}
 	return r.Client
+}
+
+func (r *ShardTopologyReconciler) registryTimeout() time.Duration {
+	if r.RegistryTimeout > 0 {
+		return r.RegistryTimeout
+	}
+	return DefaultRegistryTimeout
 }
 
 func (r *ShardTopologyReconciler) censusInterval() time.Duration {

@@ -149,11 +149,11 @@ func (r *ShardTopologyReconciler) finalizerConnections(ctx context.Context, s *s
 	var reg poolctl.Registry
 	var nc *nats.Conn
 	if secretsOK {
-		pg, err := r.conns().Registry(ctx, s.key, string(s.secretValue(&spec.Registry.DSNSecretRef)))
+		bounded, err := r.openRegistry(ctx, s, string(s.secretValue(&spec.Registry.DSNSecretRef)))
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("open registry: %w", err)
 		}
-		reg = pg
+		reg = bounded
 		c, err := r.conns().NATS(s.key, s.natsConfig(spec.NATS.CredentialsSecretRef, "streams"))
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("connect to NATS: %w", err)
@@ -161,7 +161,7 @@ func (r *ShardTopologyReconciler) finalizerConnections(ctx context.Context, s *s
 		nc = c
 	} else {
 		if pg := r.conns().CachedRegistry(s.key); pg != nil {
-			reg = pg
+			reg = boundRegistry(pg, r.registryTimeout())
 		}
 		nc = r.conns().CachedNATS(s.key)
 	}

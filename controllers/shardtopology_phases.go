@@ -62,6 +62,14 @@ type scope struct {
 
 	snap   *poolctl.Snapshot
 	claims map[string]poolctl.ClaimInfo
+	// activity is every member's latest activity report.
+	activity []poolctl.ActivityReport
+	// regOffset is the registry's clock minus the operator's, as seen at
+	// the snapshot (its error is about one round trip).
+	regOffset time.Duration
+	// pending is the last census's count of pending rows per unit; nil
+	// when this process has not counted them yet.
+	pending *pendingRows
 	// changed: a step wrote the registry, so it is read again for status.
 	changed bool
 
@@ -70,9 +78,10 @@ type scope struct {
 	rollWorld   *rollWorld
 	roll        rollReport
 	provisioned *topologyv1.TopologyShape
-	retiring    []ownership.Unit
-	// retiringLeft counts the units retireUnits kept, when it ran.
-	retiringLeft *int
+	// retireRan says retireUnits looked at the units that left this
+	// reconcile; retiringLeft are those it kept (claimed or holding rows).
+	retireRan    bool
+	retiringLeft []ownership.Unit
 }
 
 func newScope(t *topologyv1.ShardTopology, now time.Time) *scope {
@@ -106,25 +115,13 @@ func (s *scope) observation(err error) observation {
 		provisioned: s.provisioned,
 		spec:        s.topo.Spec.Shape(),
 	}
-	switch {
-	case s.retiringLeft != nil:
-		o.retiring = *s.retiringLeft
-	case s.snap != nil && s.snap.Active != nil:
-		// Units provisioned for a target not yet active are arriving,
-		// not retiring.
-		target := s.target()
-		for _, u := range s.unitsToRetire(epochTopology(s.snap.Active)) {
-			if !target.Contains(u) {
-				o.retiring++
-			}
-		}
-	}
+	o.retiring = len(s.retiringSet())
 	var stall *StallError
 	if err != nil && !errors.As(err, &stall) {
 		o.err = err
 	}
 	if s.snap != nil {
-		o.registry = &registryView{snap: *s.snap, claims: s.claims}
+		o.registry = &registryView{snap: *s.snap, claims: s.claims, activity: s.activity, pending: s.pending}
 	}
 	return o
 }
@@ -165,6 +162,8 @@ var reconcileSteps = []step{
 	{"ObservePods", observePods},
 	{"RollOutTopology", rollOutTopology},
 	{"RollPods", rollPods},
+	{"PublishRetiring", publishRetiring},
+	{"PruneHistory", pruneHistory},
 	{"Report", report},
 }
 
@@ -343,7 +342,7 @@ func (s *scope) natsConfig(ref *topologyv1.SecretKeyRef, role string) NATSConfig
 // credentials that cannot be parsed stall, naming the field.
 func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	spec := &s.topo.Spec
-	reg, err := r.conns().Registry(ctx, s.key, string(s.secretValue(&spec.Registry.DSNSecretRef)))
+	reg, err := r.openRegistry(ctx, s, string(s.secretValue(&spec.Registry.DSNSecretRef)))
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("open registry from spec.registry.dsnSecretRef: %w", err)
 	}
@@ -379,36 +378,56 @@ func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Re
 }
 
 // observeRegistry reads the topology's registry state: epochs, members,
-// the RESET permission and every claim.
-func observeRegistry(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+// the RESET permission, every claim and every activity report, and what
+// the last census counted pending.
+func observeRegistry(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	s.pending, _ = r.conns().pendingRows(s.key)
 	return ctrl.Result{}, s.readRegistry(ctx)
 }
 
 func (s *scope) readRegistry(ctx context.Context) error {
+	sent := time.Now()
 	snap, err := s.reg.Snapshot(ctx, s.registryKey())
 	if err != nil {
 		return fmt.Errorf("read registry: %w", err)
 	}
+	s.regOffset = snap.Now.Sub(sent.Add(time.Since(sent) / 2))
 	rows, err := s.reg.Claims(ctx, s.registryKey())
 	if err != nil {
 		return fmt.Errorf("read claims: %w", err)
+	}
+	activity, err := s.reg.Activity(ctx, s.registryKey())
+	if err != nil {
+		return fmt.Errorf("read activity reports: %w", err)
 	}
 	s.snap = &snap
 	s.claims = make(map[string]poolctl.ClaimInfo, len(rows))
 	for _, c := range rows {
 		s.claims[c.Unit] = c
 	}
+	s.activity = activity
 	s.changed = false
 	return nil
 }
 
+// refreshRegistry reads the registry again when a step changed it, so what
+// follows sees the world after this reconcile's actions.
+func (s *scope) refreshRegistry(ctx context.Context) error {
+	if !s.changed {
+		return nil
+	}
+	return s.readRegistry(ctx)
+}
+
 // report reads the registry again when a step changed it, so status
-// describes the world after this reconcile's actions.
+// describes the world after this reconcile's actions. While an owned unit
+// is stalled it looks again soon, so Ready follows the units' flow.
 func report(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
-	if s.changed {
-		if err := s.readRegistry(ctx); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := s.refreshRegistry(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	if f := assessFlow(s.snap, s.claims, s.activity, s.pending); len(f.stalled) > 0 {
+		return ctrl.Result{RequeueAfter: 2 * pollFast}, nil
 	}
 	return ctrl.Result{RequeueAfter: pollIdle}, nil
 }
@@ -450,9 +469,9 @@ func ownedBy(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo) map[st
 	return out
 }
 
-// unitCounts counts the active epoch's units by ownership. Two valid
-// claims on one unit cannot be represented in the registry (the unit is
-// the claims table's key), so multiply-owned is 0 by construction.
+// unitCounts counts the active epoch's units by ownership (valid claims).
+// Whether owned units flow, and whether two members pull one unit, is
+// judged from evidence by assessFlow.
 func unitCounts(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo) (total, owned int) {
 	if snap == nil || snap.Active == nil {
 		return 0, 0

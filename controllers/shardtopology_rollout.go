@@ -145,7 +145,8 @@ var (
 //	StalePending   -                                  retire pending   Abort
 //	Freezing       paused                             hold             Activate
 //	Freezing       a live member has not acked        wait (1s)        Freeze
-//	Freezing       -                                  activate         Activate -> Claim
+//	Freezing       -                                  activate, move   Activate -> Claim
+//	                                                  the transform
 //	ChangeWanted   abort annotation                   hold (stalled)   Abort
 //	ChangeWanted   a pod roll is in flight            wait (1s)        Provision
 //	ChangeWanted   paused                             hold             Provision
@@ -154,6 +155,10 @@ var (
 //	Retiring       paused                             hold             Retire
 //	Retiring       -                                  retire drained   Retire
 //	Steady         -                                  keep provisioned -
+//
+// Claiming, Retiring and Steady keep the active shape provisioned (with
+// its subject transform on its own V) before anything else. After the
+// table, publishRetiring writes the retiring set when it changed.
 var changeRules = []changeRule{
 	{stateUnprovisioned, "abort annotation set", isAborted, actHoldAborted},
 	{stateUnprovisioned, "paused", isPaused, actHold(topologyv1.StepProvision)},
@@ -238,7 +243,8 @@ func wasChangingTopology(st *topologyv1.ShardTopologyStatus) bool {
 }
 
 // unitsToRetire lists units inside the provisioned envelope but outside
-// active, and units of Provision's orphan report.
+// active. Provision's orphans are inside it (provision widens the envelope
+// over them), so status carries them across operator restarts.
 func (s *scope) unitsToRetire(active ownership.Topology) []ownership.Unit {
 	var out []ownership.Unit
 	if p := s.provisioned; p != nil {
@@ -249,12 +255,28 @@ func (s *scope) unitsToRetire(active ownership.Topology) []ownership.Unit {
 			}
 		}
 	}
-	for _, u := range s.retiring {
-		if !active.Contains(u) && !slices.Contains(out, u) {
-			out = append(out, u)
-		}
+	return out
+}
+
+// retiringSet is the units outside the active epoch whose consumers still
+// exist: those retireUnits kept when it ran this reconcile, else the
+// envelope outside the active epoch, less units of a pending epoch or of
+// the spec's target (arriving, not leaving).
+func (s *scope) retiringSet() []ownership.Unit {
+	if s.retireRan {
+		return s.retiringLeft
 	}
-	slices.SortFunc(out, ownership.CompareUnits)
+	if s.snap == nil || s.snap.Active == nil {
+		return nil
+	}
+	target := s.target()
+	var out []ownership.Unit
+	for _, u := range s.unitsToRetire(epochTopology(s.snap.Active)) {
+		if target.Contains(u) || (s.snap.Pending != nil && epochTopology(s.snap.Pending).Contains(u)) {
+			continue
+		}
+		out = append(out, u)
+	}
 	return out
 }
 
@@ -295,9 +317,16 @@ var actStartEpoch = changeAction{name: "StartEpoch", step: topologyv1.StepProvis
 
 // startEpoch provisions the target's streams and consumers, then writes it
 // as the pending epoch, which freezes claims. Provision never deletes: the
-// active epoch's consumers keep flowing.
+// active epoch's consumers keep flowing. Under a subject transform the
+// streams keep routing over the active epoch's V (TransformShards): rows
+// must not reach units nobody may claim before activation, nor be left in
+// them if the change is abandoned. activate moves the transform.
 func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
-	if err := s.provision(ctx, r, w.target); err != nil {
+	routed := 0
+	if w.active != nil {
+		routed = w.active.Shards
+	}
+	if err := s.provision(ctx, r, w.target, routed); err != nil {
 		return ctrl.Result{}, err
 	}
 	epoch, err := s.reg.CreatePending(ctx, s.registryKey(), w.target.Partitions, w.target.Shards)
@@ -314,21 +343,25 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 }
 
 // provision makes sure t's streams and consumers exist, and records them in
-// the provisioned envelope.
-func (s *scope) provision(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology) error {
+// the provisioned envelope. Under a subject transform, rows are routed over
+// routed shards (0: t's own V).
+func (s *scope) provision(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology, routed int) error {
 	pctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
+	l := layoutFor(&s.topo.Spec, t)
+	l.TransformShards = routed
 	// Widen first: if Provision fails half way, what it created is still
-	// covered by the envelope and retired later.
+	// covered by the envelope and retired later. Consumers kept for the
+	// transform's sake are Provision's orphans.
 	s.widen(t)
-	rep, err := natsops.Provision(pctx, s.nc, layoutFor(&s.topo.Spec, t))
+	rep, err := natsops.Provision(pctx, s.nc, l)
 	if err != nil {
 		r.conns().forgetProvisioned(s.key)
 		return fmt.Errorf("provision %s: %w", t, err)
 	}
-	r.conns().markProvisioned(s.key, t.String(), s.now)
+	r.conns().markProvisioned(s.key, provisionedKey(l), s.now)
 	for _, u := range rep.Orphans {
-		s.retiring = append(s.retiring, ownership.Unit{Partition: u.Partition, Shard: u.Shard})
+		s.widen(ownership.Topology{Partitions: u.Partition + 1, Shards: u.Shard + 1})
 	}
 	var unsafe []string
 	for _, f := range rep.Findings {
@@ -410,6 +443,16 @@ func activate(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *chan
 	}
 	s.changed = true
 	r.conns().setCensusDue(s.key, true)
+	// Now, not before: route rows over the new V. Should this fail, the
+	// next reconcile finds the new epoch active and provisions it again
+	// (ensureActiveProvisioned), whatever this process remembers.
+	if err := s.provision(ctx, r, epochTopology(w.pending), 0); err != nil {
+		return ctrl.Result{}, fmt.Errorf("epoch %d is active; %w", w.pending.Number, err)
+	}
+	if s.topo.Spec.NATS.ShardAssignment == topologyv1.ShardAssignmentSubjectTransform && w.active != nil && w.active.Shards != w.pending.Shards {
+		r.event(s, eventNormal, "TransformMoved", "Activate", "the partition streams' subject transform now routes rows over %d shards (was %d)",
+			w.pending.Shards, w.active.Shards)
+	}
 	s.change.step = topologyv1.StepClaim
 	s.change.message = fmt.Sprintf("epoch %d (%s) active: waiting for every unit to be claimed", w.pending.Number, epochTopology(w.pending))
 	r.event(s, eventNormal, "EpochActivated", "Activate", "epoch %d (%s) is active; every live member acknowledged the freeze",
@@ -422,8 +465,10 @@ var actRetirePending = changeAction{name: "RetirePending", step: topologyv1.Step
 // retirePending abandons a pending epoch the spec no longer wants, or that
 // the abort annotation cancels, and goes back to the active one. Nothing
 // was claimed under it (claims are frozen while it is pending), so nothing
-// moves back. The active layout is provisioned again at the next steady
-// reconcile, which restores a subject transform the pending shape changed.
+// moves back, and the subject transform never moved (startEpoch keeps it
+// on the active V), so its new units' consumers hold no rows: they are in
+// the provisioned envelope outside the active epoch, and retireUnits
+// deletes them.
 func retirePending(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
 	if err := s.reg.Retire(ctx, s.registryKey(), w.pending.Number); err != nil {
 		return ctrl.Result{}, fmt.Errorf("retire pending epoch %d: %w", w.pending.Number, err)
@@ -466,7 +511,10 @@ var actWaitForPods = changeAction{name: "WaitForPods", step: topologyv1.StepProv
 	return ctrl.Result{RequeueAfter: pollFast}, nil
 }}
 
-var actWaitForClaims = changeAction{name: "WaitForClaims", step: topologyv1.StepClaim, run: func(_ context.Context, _ *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
+var actWaitForClaims = changeAction{name: "WaitForClaims", step: topologyv1.StepClaim, run: func(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
+	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
+		return ctrl.Result{}, err
+	}
 	total, owned := unitCounts(s.snap, s.claims)
 	s.change.message = fmt.Sprintf("epoch %d (%s) active: %d/%d units owned", w.active.Number, epochTopology(w.active), owned, total)
 	if len(w.live) == 0 {
@@ -486,11 +534,17 @@ var actRetireUnits = changeAction{name: "RetireUnits", step: topologyv1.StepReti
 // refuses the others). The rest are kept and looked at again; rows are
 // never dropped. Streams are never deleted.
 func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
-	var free []ownership.Unit
+	// The active shape's transform first: no new row may reach a unit
+	// being retired.
+	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
+		return ctrl.Result{}, err
+	}
+	var free, keptUnits []ownership.Unit
 	var held []string
 	for _, u := range w.retire {
 		if c, ok := s.claims[u.String()]; ok && c.State != poolctl.StateFree {
 			held = append(held, fmt.Sprintf("%s (%s)", u, c.Owner))
+			keptUnits = append(keptUnits, u)
 			continue
 		}
 		free = append(free, u)
@@ -501,9 +555,12 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	}
 	before := s.provisioned
 	s.markRetired(retired, epochTopology(w.active))
-	left := len(held) + len(holding)
-	s.retiringLeft = &left
-	if left == 0 && before != nil && int(before.Partitions) > w.active.Partitions {
+	s.retireRan, s.retiringLeft = true, keptUnits
+	for _, h := range holding {
+		s.retiringLeft = append(s.retiringLeft, ownership.Unit{Partition: h.Unit.Partition, Shard: h.Unit.Shard})
+	}
+	slices.SortFunc(s.retiringLeft, ownership.CompareUnits)
+	if len(s.retiringLeft) == 0 && before != nil && int(before.Partitions) > w.active.Partitions {
 		l := layoutFor(&s.topo.Spec, epochTopology(w.active))
 		r.event(s, eventNormal, "StreamsKept", "Retire",
 			"streams %s to %s of the partitions that left are kept with their rows (deleting a stream drops them); delete them by hand once they are no longer needed",
@@ -559,40 +616,86 @@ func (s *scope) retireConsumers(ctx context.Context, units []ownership.Unit) ([]
 }
 
 // markRetired shrinks the provisioned envelope once nothing outside the
-// active shape is left, and forgets retired orphans.
+// active shape is left.
 func (s *scope) markRetired(retired []ownership.Unit, active ownership.Topology) {
-	s.retiring = slices.DeleteFunc(s.retiring, func(u ownership.Unit) bool { return slices.Contains(retired, u) })
 	left := slices.DeleteFunc(s.unitsToRetire(active), func(u ownership.Unit) bool { return slices.Contains(retired, u) })
 	if len(left) == 0 {
 		s.provisioned = &topologyv1.TopologyShape{Partitions: int32(active.Partitions), ShardsPerPartition: int32(active.Shards)}
-		s.retiring = nil
 	}
 }
 
 var actKeepProvisioned = changeAction{name: "KeepProvisioned", step: "", run: keepProvisioned}
 
 // keepProvisioned runs Provision for the active shape after every operator
-// start and every reprovisionEvery, correcting drift (and restoring the
-// subject transform after an abort).
+// start and every reprovisionEvery, correcting drift.
 func keepProvisioned(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
-	active := epochTopology(w.active)
 	var res ctrl.Result
 	if !w.allOwned {
 		// Not Ready until workers own every unit: look again soon.
 		res.RequeueAfter = 2 * pollFast
 	}
-	if r.conns().provisionedRecently(s.key, active.String(), s.now, reprovisionEvery) {
-		return res, nil
-	}
-	if err := s.provision(ctx, r, active); err != nil {
+	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
 		return ctrl.Result{}, err
 	}
-	if len(s.retiring) > 0 {
-		// Provision found consumers outside the active shape: retire them
-		// at the next reconcile.
+	if len(s.unitsToRetire(epochTopology(w.active))) > 0 {
+		// Provision found consumers outside the active shape (the
+		// envelope now covers them): retire them at the next reconcile.
 		return ctrl.Result{RequeueAfter: pollFast}, nil
 	}
 	return res, nil
+}
+
+// ensureActiveProvisioned provisions the active shape, with its subject
+// transform on its own V, unless this process did exactly that within
+// reprovisionEvery. The active epoch comes from the registry, so after an
+// activation (or an operator restart) the transform follows it even when
+// activate's own provisioning failed.
+func (s *scope) ensureActiveProvisioned(ctx context.Context, r *ShardTopologyReconciler, w *changeWorld) error {
+	active := epochTopology(w.active)
+	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(&s.topo.Spec, active)), s.now, reprovisionEvery) {
+		return nil
+	}
+	return s.provision(ctx, r, active, 0)
+}
+
+// provisionedKey names what a Provision of l made sure of: the shape and
+// the shard count rows are routed over.
+func provisionedKey(l natsops.Layout) string {
+	return fmt.Sprintf("%dx%d/routed %d", l.Partitions, l.Shards, l.RoutedShards())
+}
+
+// publishRetiring writes the retiring set (Registry.SetRetiring) when it
+// differs from the registry's: units that left the active epoch and whose
+// consumers still exist, so that workers drain one whose holder died or
+// left instead of stranding its rows. It reads the registry again first
+// when a step changed it (an activation changes what is outside the active
+// epoch). An unchanged set costs no write.
+func publishRetiring(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	if err := s.refreshRegistry(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	want := unitNames(s.retiringSet())
+	if sameUnitSet(want, s.snap.Retiring) {
+		return ctrl.Result{}, nil
+	}
+	if err := s.reg.SetRetiring(ctx, s.registryKey(), want); err != nil {
+		return ctrl.Result{}, fmt.Errorf("publish the retiring set: %w", err)
+	}
+	s.changed = true
+	if len(want) == 0 {
+		r.event(s, eventNormal, "RetiringCleared", "PublishRetiring", "no unit outside the active epoch has a consumer left; the retiring set is empty")
+	} else {
+		r.event(s, eventNormal, "RetiringPublished", "PublishRetiring",
+			"%d units outside the active epoch keep their consumers until drained; workers may claim them to drain them: %s", len(want), firstN(want, 8))
+	}
+	return ctrl.Result{}, nil
+}
+
+func sameUnitSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(slices.Compact(a), slices.Compact(b))
 }
 
 func unitNames(us []ownership.Unit) []string {

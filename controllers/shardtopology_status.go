@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -37,10 +38,20 @@ type observation struct {
 	retiring int
 }
 
-// registryView is a snapshot and the claims read with it.
+// registryView is a snapshot and what was read with it.
 type registryView struct {
 	snap   poolctl.Snapshot
 	claims map[string]poolctl.ClaimInfo
+	// activity is every member's latest activity report.
+	activity []poolctl.ActivityReport
+	// pending is what the last census counted pending per unit; nil when
+	// no census counted them.
+	pending *pendingRows
+}
+
+// flow judges the units' flow from the view.
+func (v *registryView) flow() unitFlow {
+	return assessFlow(&v.snap, v.claims, v.activity, v.pending)
 }
 
 // firstSightStatus is the status of an object no reconcile has touched:
@@ -59,7 +70,7 @@ func firstSightStatus(t *topologyv1.ShardTopology, now time.Time) topologyv1.Sha
 //
 // Ready is True only when the active epoch is the spec's, nothing is
 // pending, no pod is being rolled, nothing is left to retire and every unit
-// is owned. Reconciling is True while work remains, Stalled when a person
+// is owned and flowing (none stalled). Reconciling is True while work remains, Stalled when a person
 // must act, RolloutPaused while pause holds a step; observedGeneration moves
 // only when every step ran without error.
 func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) topologyv1.ShardTopologyStatus {
@@ -84,10 +95,10 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 	case o.err != nil:
 		// A retry may fix it: keep phase and observedGeneration, since
 		// this generation's steps did not all run.
-		msg := o.err.Error()
-		set(topologyv1.ConditionStalled, metav1.ConditionFalse, topologyv1.ReasonReconcileError, "retrying: "+msg)
-		set(topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonReconcileError, msg)
-		set(topologyv1.ConditionReconciling, metav1.ConditionTrue, topologyv1.ReasonReconcileError, msg)
+		msg, reason := o.err.Error(), errorReason(o.err)
+		set(topologyv1.ConditionStalled, metav1.ConditionFalse, reason, "retrying: "+msg)
+		set(topologyv1.ConditionReady, metav1.ConditionFalse, reason, msg)
+		set(topologyv1.ConditionReconciling, metav1.ConditionTrue, reason, msg)
 	default:
 		phase, reason, msg := assess(&st, o)
 		st.Phase = phase
@@ -114,6 +125,12 @@ func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase
 		reason = topologyv1.ReasonProvisioning
 	}
 	u := st.Units
+	var stalled []string
+	if o.registry != nil {
+		for _, su := range o.registry.flow().stalled {
+			stalled = append(stalled, su.String())
+		}
+	}
 	switch {
 	case o.change.held || o.roll.held:
 		return topologyv1.PhasePaused, reason, joinNonEmpty(o.change.message, o.roll.message)
@@ -130,6 +147,9 @@ func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase
 		}
 		return topologyv1.PhasePending, topologyv1.ReasonWaitingForWorkers,
 			fmt.Sprintf("%d/%d units owned, %d unowned; %d live workers", u.Owned, u.Total, u.Unowned, workers)
+	case len(stalled) > 0:
+		return topologyv1.PhasePending, topologyv1.ReasonUnitsStalled,
+			fmt.Sprintf("%d of %d owned units do not flow: %s", len(stalled), u.Owned, firstN(stalled, 4))
 	}
 	a := st.ActiveEpoch
 	total := int32(0)
@@ -148,7 +168,9 @@ func applyWorld(st *topologyv1.ShardTopologyStatus, t *topologyv1.ShardTopology,
 	st.Units = nil
 	if snap.Active != nil {
 		total, owned := unitCounts(snap, o.registry.claims)
-		st.Units = &topologyv1.UnitCounts{Total: int32(total), Owned: int32(owned), Unowned: int32(total - owned), Retiring: int32(o.retiring)}
+		f := o.registry.flow()
+		st.Units = &topologyv1.UnitCounts{Total: int32(total), Owned: int32(owned), Unowned: int32(total - owned), Retiring: int32(o.retiring),
+			MultiplyOwned: int32(f.multiplyOwned), Stalled: int32(len(f.stalled))}
 	}
 	if o.provisioned != nil {
 		p := *o.provisioned
@@ -259,12 +281,21 @@ func applyCensus(st *topologyv1.ShardTopologyStatus, set setFunc, c *censusRepor
 
 // progressText is the Progress column: the active epoch and its units,
 // then the change, retirement and pod roll in progress, e.g.
-// "epoch 2 (4x16): units 64/64 owned; pods 2/3".
+// "epoch 2 (4x16): units 64/64 owned; pods 2/3". Owned there means owned
+// and flowing: stalled units are counted apart ("units 62/64 owned; 2
+// stalled"), and so are multiply-owned ones.
 func progressText(st *topologyv1.ShardTopologyStatus, o observation) string {
 	var parts []string
 	switch a := st.ActiveEpoch; {
 	case a != nil && st.Units != nil:
-		parts = append(parts, fmt.Sprintf("epoch %d (%dx%d): units %d/%d owned", a.Number, a.Partitions, a.ShardsPerPartition, st.Units.Owned, st.Units.Total))
+		u := st.Units
+		parts = append(parts, fmt.Sprintf("epoch %d (%dx%d): units %d/%d owned", a.Number, a.Partitions, a.ShardsPerPartition, u.Owned-u.Stalled, u.Total))
+		if u.Stalled > 0 {
+			parts = append(parts, fmt.Sprintf("%d stalled", u.Stalled))
+		}
+		if u.MultiplyOwned > 0 {
+			parts = append(parts, fmt.Sprintf("%d multiply owned", u.MultiplyOwned))
+		}
 	case o.registry != nil:
 		parts = append(parts, "no active epoch")
 	default:
@@ -292,6 +323,16 @@ func progressText(st *topologyv1.ShardTopologyStatus, o observation) string {
 	return strings.Join(parts, "; ")
 }
 
+// errorReason is the condition reason of a step's error: a registry that
+// did not answer within the bound has a reason of its own.
+func errorReason(err error) string {
+	var timeout *RegistryTimeoutError
+	if errors.As(err, &timeout) {
+		return topologyv1.ReasonRegistryUnavailable
+	}
+	return topologyv1.ReasonReconcileError
+}
+
 // deletingStatus is the status while the finalizer waits or fails.
 func deletingStatus(t *topologyv1.ShardTopology, waiting string, err error, now time.Time) topologyv1.ShardTopologyStatus {
 	st := *t.Status.DeepCopy()
@@ -300,7 +341,7 @@ func deletingStatus(t *topologyv1.ShardTopology, waiting string, err error, now 
 	reason := topologyv1.ReasonDeleting
 	msg := "deleting: " + waiting
 	if err != nil {
-		reason, msg = topologyv1.ReasonReconcileError, "deleting, retrying: "+err.Error()
+		reason, msg = errorReason(err), "deleting, retrying: "+err.Error()
 	}
 	set(topologyv1.ConditionReady, metav1.ConditionFalse, reason, msg)
 	set(topologyv1.ConditionReconciling, metav1.ConditionTrue, reason, msg)
@@ -395,7 +436,7 @@ func conditionTransitions(before, after []metav1.Condition) []transition {
 		if bad, ok := warnWhen[c.Type]; ok && bad == c.Status {
 			eventType = eventWarning
 		}
-		if c.Reason == topologyv1.ReasonReconcileError {
+		if c.Reason == topologyv1.ReasonReconcileError || c.Reason == topologyv1.ReasonRegistryUnavailable {
 			eventType = eventWarning
 		}
 		out = append(out, transition{

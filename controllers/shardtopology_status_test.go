@@ -16,10 +16,14 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
+// registryNow is the registry's clock in the pure tests.
+var registryNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
 // registryWith is a registry view whose active epoch (when n > 0) is n x v,
-// with live members w-0..w-(members-1) and the first owned units held.
+// with live members w-0..w-(members-1) and the first owned units held,
+// each reported pulled just now by its owner (flowing).
 func registryWith(n, v, members, owned int, pending *poolctl.Epoch) *registryView {
-	snap := poolctl.Snapshot{Pending: pending}
+	snap := poolctl.Snapshot{Now: registryNow, Params: poolctl.DefaultParams(), Pending: pending}
 	if n > 0 {
 		snap.Active = &poolctl.Epoch{Number: 1, Partitions: n, Shards: v, State: poolctl.EpochActive}
 	}
@@ -27,12 +31,16 @@ func registryWith(n, v, members, owned int, pending *poolctl.Epoch) *registryVie
 		snap.Members = append(snap.Members, poolctl.Member{Name: fmt.Sprintf("w-%d", i), Slot: i, Incarnation: int64(i + 1), Live: true})
 	}
 	claims := map[string]poolctl.ClaimInfo{}
+	var activity []poolctl.ActivityReport
 	for i, u := range (ownership.Topology{Partitions: n, Shards: v}).Units() {
 		if i < owned {
-			claims[u.String()] = poolctl.ClaimInfo{Unit: u.String(), Owner: fmt.Sprintf("w-%d", i%max(members, 1)), State: poolctl.StateHeld, Epoch: 1}
+			m := i % max(members, 1)
+			claims[u.String()] = poolctl.ClaimInfo{Unit: u.String(), Owner: fmt.Sprintf("w-%d", m), State: poolctl.StateHeld, Epoch: 1}
+			activity = append(activity, poolctl.ActivityReport{Unit: u.String(), Member: fmt.Sprintf("w-%d", m), Incarnation: int64(m + 1), Epoch: 1,
+				ReportedAt: registryNow, LastFetch: registryNow})
 		}
 	}
-	return &registryView{snap: snap, claims: claims}
+	return &registryView{snap: snap, claims: claims, activity: activity}
 }
 
 func TestComputeStatus(t *testing.T) {
@@ -92,6 +100,18 @@ func TestComputeStatus(t *testing.T) {
 			topologyv1.ShardTopologyStatus{Rollout: &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindTopology}},
 			observation{spec: spec, registry: registryWith(2, 4, 2, 8, nil), change: changeReport{state: stateSteady}},
 			want{topologyv1.PhaseReady, metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionFalse, topologyv1.ReasonReady, 3, "epoch 1 (2x4): units 8/8 owned", ""}},
+		{"an owned unit whose owner stopped reporting is stalled: not ready, and owned counts only flowing units",
+			topologyv1.ShardTopologyStatus{}, observation{spec: spec, registry: withoutReport(registryWith(2, 4, 2, 8, nil), "1.3"), change: changeReport{state: stateSteady}},
+			want{topologyv1.PhasePending, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonUnitsStalled, 3,
+				"epoch 1 (2x4): units 7/8 owned; 1 stalled", ""}},
+		{"a unit two members pull is counted and shown",
+			topologyv1.ShardTopologyStatus{}, observation{spec: spec, registry: withSecondPuller(registryWith(2, 4, 2, 8, nil), "0.0", "w-1", 2), change: changeReport{state: stateSteady}},
+			want{topologyv1.PhaseReady, metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionFalse, topologyv1.ReasonReady, 3,
+				"units 8/8 owned; 1 multiply owned", ""}},
+		{"a registry that did not answer in time has a reason of its own",
+			topologyv1.ShardTopologyStatus{Phase: topologyv1.PhaseReady, ObservedGeneration: 3},
+			observation{err: fmt.Errorf("ObserveRegistry: read registry: %w", &RegistryTimeoutError{Op: "Snapshot", After: 10 * time.Second, Err: errors.New("timeout")}), spec: spec},
+			want{topologyv1.PhaseReady, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonRegistryUnavailable, 3, "", ""}},
 		{"a census below the floor is not a stall",
 			topologyv1.ShardTopologyStatus{}, observation{spec: spec, registry: registryWith(2, 4, 2, 8, nil), change: changeReport{state: stateSteady},
 				census: &censusReport{census: census, reason: "below floor", blockedBy: resetBlockedBelowFloor}},
@@ -140,6 +160,41 @@ func TestComputeStatus(t *testing.T) {
 				t.Errorf("Ready=True together with Reconciling or Stalled: %+v", st.Conditions)
 			}
 		})
+	}
+}
+
+// withoutReport drops every activity report of unit.
+func withoutReport(v *registryView, unit string) *registryView {
+	var kept []poolctl.ActivityReport
+	for _, r := range v.activity {
+		if r.Unit != unit {
+			kept = append(kept, r)
+		}
+	}
+	v.activity = kept
+	return v
+}
+
+// withSecondPuller adds a fresh report of member pulling unit just now.
+func withSecondPuller(v *registryView, unit, member string, incarnation int64) *registryView {
+	v.activity = append(v.activity, poolctl.ActivityReport{Unit: unit, Member: member, Incarnation: incarnation, Epoch: 1,
+		ReportedAt: v.snap.Now, LastFetch: v.snap.Now})
+	return v
+}
+
+// The units' flow reaches status.units and Ready's message names the
+// stalled units.
+// checks P7
+func TestComputeStatusCountsStalledAndMultiplyOwnedUnits(t *testing.T) {
+	topo := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Generation: 1}}
+	v := withSecondPuller(withoutReport(registryWith(2, 4, 2, 8, nil), "0.1"), "1.0", "w-1", 2)
+	st := computeStatus(topo, observation{registry: v, change: changeReport{state: stateSteady}}, registryNow)
+	if u := st.Units; u == nil || u.Owned != 8 || u.Stalled != 1 || u.MultiplyOwned != 1 {
+		t.Fatalf("units %+v, want 8 owned, 1 stalled, 1 multiply owned", u)
+	}
+	c := meta.FindStatusCondition(st.Conditions, topologyv1.ConditionReady)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.1 (w-1: no activity report)") {
+		t.Fatalf("Ready %+v, want False/UnitsStalled naming 0.1", c)
 	}
 }
 

@@ -186,6 +186,9 @@ func (w *simWorker) tick(ctx context.Context) error {
 		}
 	}
 	w.mu.Unlock()
+	if err := w.reportActivity(ctx, ref); err != nil {
+		return err
+	}
 	if frozen || snap.Active == nil {
 		return nil
 	}
@@ -211,6 +214,21 @@ func (w *simWorker) tick(ctx context.Context) error {
 		w.mu.Lock()
 		w.held[u] = c.Token
 		w.mu.Unlock()
+	}
+	return nil
+}
+
+// reportActivity reports every held unit as pulled, with a row, just now:
+// a simWorker pulls nothing, but plays a worker whose units flow.
+func (w *simWorker) reportActivity(ctx context.Context, ref poolctl.MemberRef) error {
+	w.mu.Lock()
+	units := make([]poolctl.UnitActivity, 0, len(w.held))
+	for u, tok := range w.held {
+		units = append(units, poolctl.UnitActivity{Unit: u, Epoch: tok.Epoch})
+	}
+	w.mu.Unlock()
+	if err := w.reg.ReportActivity(ctx, ref, units); err != nil {
+		return fmt.Errorf("report activity: %w", err)
 	}
 	return nil
 }

@@ -181,6 +181,15 @@ func TestShardChangeWaitsForEveryAckThenRetiresOnlyDrainedUnits(t *testing.T) {
 	if !strings.Contains(st.Status.Rollout.Message, "1.3 (3 pending") {
 		t.Fatalf("rollout message %q does not name the unit holding rows", st.Status.Rollout.Message)
 	}
+	// The unit that left with rows is published as retiring, so a worker
+	// drains it even if its holder is gone; the ones deleted are not.
+	eventually(t, 10*time.Second, func() error {
+		if r := f.snapshot().Retiring; !slices.Equal(r, []string{"1.3"}) {
+			return fmt.Errorf("retiring set %v, want [1.3]", r)
+		}
+		return nil
+	})
+	waitEvent(t, f.ns, "RetiringPublished", "1.3")
 	if meta := st.Status.Conditions; len(meta) == 0 || st.Status.Phase == topologyv1.PhaseReady {
 		t.Fatalf("Ready while a unit that left still holds rows")
 	}
@@ -201,6 +210,74 @@ func TestShardChangeWaitsForEveryAckThenRetiresOnlyDrainedUnits(t *testing.T) {
 		t.Fatalf("stream 1 stores %d rows, want the 3 published (no row dropped)", n)
 	}
 	waitEvent(t, f.ns, "UnitsRetired", "1.3")
+	if r := f.snapshot().Retiring; len(r) != 0 {
+		t.Fatalf("retiring set %v after every unit that left was retired, want it empty", r)
+	}
+	waitEvent(t, f.ns, "RetiringCleared", "empty")
+}
+
+// Under a subject transform, a new shape's consumers are provisioned while
+// the streams keep routing over the active V: no row reaches a unit nobody
+// may claim before activation. A change reverted while it freezes leaves
+// its new consumers empty, and they are retired.
+// checks P3
+func TestTransformMovesOnlyAtActivationSoARevertedChangeLeavesNoRows(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 8, assignment: topologyv1.ShardAssignmentSubjectTransform})
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	// b renews but never acknowledges a freeze: the change stays Freezing.
+	b := startSimWorker(t, f.reg, f.key(), "b", false)
+	f.waitReady(60 * time.Second)
+	b.holdAcks.Store(true)
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 16 })
+	eventually(t, 30*time.Second, func() error {
+		if p := f.snapshot().Pending; p == nil || p.Shards != 16 {
+			return fmt.Errorf("pending %+v, want 1x16", p)
+		}
+		if got, want := f.consumers(1), unitConsumers(1, 16); !slices.Equal(got, want) {
+			return fmt.Errorf("consumers %v, want %v", got, want)
+		}
+		return nil
+	})
+
+	const rows = 200
+	f.publishKeys(0, rows)
+	pending := make([]uint64, 16)
+	eventually(t, 10*time.Second, func() error {
+		total := uint64(0)
+		for s := range 16 {
+			pending[s] = f.pending(0, s)
+			total += pending[s]
+		}
+		if total != rows {
+			return fmt.Errorf("%d of %d rows counted by the unit consumers: %v", total, rows, pending)
+		}
+		return nil
+	})
+	for s := 8; s < 16; s++ {
+		if pending[s] != 0 {
+			t.Fatalf("pending per shard %v: rows reached shard %d, which no one may claim while epoch 2 is pending", pending, s)
+		}
+	}
+	if a := f.snapshot().Active; a == nil || a.Shards != 8 {
+		t.Fatalf("active %+v, want 1x8 still", a)
+	}
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 8 })
+	st := f.waitReady(60 * time.Second)
+	if got, want := f.consumers(1), unitConsumers(1, 8); !slices.Equal(got, want) {
+		t.Fatalf("consumers %v after the revert, want %v", got, want)
+	}
+	if a := st.Status.ActiveEpoch; a == nil || a.Number != 1 || a.ShardsPerPartition != 8 {
+		t.Fatalf("active %+v, want epoch 1 (1x8) kept", a)
+	}
+	if n := f.streamRows(0); n != rows {
+		t.Fatalf("stream stores %d rows, want %d", n, rows)
+	}
+	waitEvent(t, f.ns, "UnitsRetired", "0.15")
 }
 
 // Pause holds the next step (starting a change, activating it) and resume

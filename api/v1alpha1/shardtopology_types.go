@@ -88,6 +88,15 @@ const (
 	// ReasonReconcileError means a step failed with an error that a retry
 	// may fix; the message carries the error.
 	ReasonReconcileError = "ReconcileError"
+	// ReasonRegistryUnavailable means a registry operation got no answer
+	// within the operator's bound (a partition, or a statement waiting on
+	// locks); the message names the operation. Retried with backoff.
+	ReasonRegistryUnavailable = "RegistryUnavailable"
+	// ReasonUnitsStalled means every unit is owned but some owned units do
+	// not flow: the owner's activity report is stale or missing, or rows
+	// wait in the unit's consumer and the owner received none within the
+	// bound. The message names a few.
+	ReasonUnitsStalled = "UnitsStalled"
 )
 
 // Rollout kinds reported in status.rollout.kind.
@@ -441,9 +450,20 @@ type UnitCounts struct {
 	Owned int32 `json:"owned"`
 	// Unowned units have no valid claim.
 	Unowned int32 `json:"unowned"`
-	// MultiplyOwned units have more than one valid claim. Anything but 0 is
-	// a broken promise and a bug.
+	// MultiplyOwned units were pulled by two or more members at once, as
+	// their activity reports show: a fresh report (made within two renew
+	// intervals) from each saying it pulled within two renew intervals.
+	// The registry cannot record two valid claims on one unit, so this is
+	// measured from what workers did. Anything but 0 is a broken promise
+	// (P1) and a bug.
 	MultiplyOwned int32 `json:"multiplyOwned"`
+	// Stalled counts owned units that do not flow: the owner's activity
+	// report is stale or missing, or the unit's consumer had rows pending
+	// at the last census and the owner received none within the stall
+	// bound after it. Owned counts them too; Ready is False while any is
+	// stalled.
+	// +optional
+	Stalled int32 `json:"stalled,omitempty"`
 	// Retiring counts units that left the topology whose consumers still
 	// exist: they are deleted once drained, never before.
 	// +optional

@@ -162,6 +162,9 @@ func printStatus(w io.Writer, t *topologyv1.ShardTopology, evs []eventsv1.Event,
 	}
 	if u := st.Units; u != nil {
 		line := fmt.Sprintf("%d total, %d owned, %d unowned, %d multiply owned", u.Total, u.Owned, u.Unowned, u.MultiplyOwned)
+		if u.Stalled > 0 {
+			line += fmt.Sprintf("; %d owned but stalled (not flowing)", u.Stalled)
+		}
 		if u.Retiring > 0 {
 			line += fmt.Sprintf("; %d that left are retired once drained", u.Retiring)
 		}

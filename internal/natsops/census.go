@@ -107,6 +107,13 @@ type ConsumerPlacement struct {
 	// Replicas are the other servers in its raft group (and any it is
 	// moving to).
 	Replicas []string `json:"replicas,omitempty"`
+	// Pending rows match the consumer's filter and were never delivered;
+	// AckPending rows were delivered and not yet acknowledged. Both are
+	// the leader's own report (every host reports its view; a replica's
+	// may lag), or the highest any host reported when the leader did not
+	// answer.
+	Pending    uint64 `json:"pending"`
+	AckPending int    `json:"ackPending"`
 }
 
 // Hosts lists the leader and every replica.
@@ -120,6 +127,8 @@ func (p ConsumerPlacement) Hosts() []string {
 
 // Census is one reading of every relevant server's version.
 type Census struct {
+	// TakenAt is when the first server answered: the oldest evidence the
+	// census holds, so an age computed from it is never understated.
 	TakenAt time.Time `json:"takenAt"`
 	// Floor is the floor the census judged against.
 	Floor string `json:"floor"`
@@ -202,6 +211,8 @@ type censusBuilder struct {
 	floor     Version
 	statsz    map[string]statszReply
 	maxActive int
+	// firstReply is when the first STATSZ reply arrived.
+	firstReply time.Time
 
 	metaPeers map[string]*zReply[jszData] // meta leader name -> its JSZ
 	leafz     map[string]zReply[leafzData]
@@ -215,6 +226,9 @@ func (b *censusBuilder) pingStatsz(ctx context.Context, nc *nats.Conn) error {
 		var r statszReply
 		if err := json.Unmarshal(m.Data, &r); err != nil || r.Server.Name == "" {
 			return false
+		}
+		if b.firstReply.IsZero() {
+			b.firstReply = time.Now()
 		}
 		b.statsz[r.Server.Name] = r
 		b.maxActive = max(b.maxActive, r.Stats.ActiveServers)
@@ -308,7 +322,7 @@ func rolePriority(r Role) int {
 }
 
 func (b *censusBuilder) build() *Census {
-	c := &Census{TakenAt: time.Now(), Floor: b.floor.String(), BelowFloor: []string{}}
+	c := &Census{TakenAt: b.firstReply, Floor: b.floor.String(), BelowFloor: []string{}}
 	expected := map[string]*expectation{}
 	expect := func(name string, role Role, why string) {
 		e := expected[name]
@@ -455,9 +469,12 @@ func (b *censusBuilder) placements(expect func(string, Role, string), hosted map
 		return nil
 	}
 	type merged struct {
-		found    bool
-		leader   string
-		replicas []string
+		found      bool
+		leader     string
+		replicas   []string
+		fromLeader bool
+		pending    uint64
+		ackPending int
 	}
 	want := make(map[ConsumerRef]*merged, len(b.opts.Consumers))
 	for _, ref := range b.opts.Consumers {
@@ -483,6 +500,12 @@ func (b *censusBuilder) placements(expect func(string, Role, string), hosted map
 						continue
 					}
 					m.found = true
+					switch isLeader := ci.Cluster != nil && ci.Cluster.Leader == reporter; {
+					case isLeader:
+						m.fromLeader, m.pending, m.ackPending = true, ci.NumPending, ci.NumAckPending
+					case !m.fromLeader:
+						m.pending, m.ackPending = max(m.pending, ci.NumPending), max(m.ackPending, ci.NumAckPending)
+					}
 					if cl := ci.Cluster; cl != nil {
 						if cl.Leader != "" && (m.leader == "" || cl.Leader == reporter) {
 							// The leader's own word wins over a replica's.
@@ -510,7 +533,7 @@ func (b *censusBuilder) placements(expect func(string, Role, string), hosted map
 	for _, ref := range b.opts.Consumers {
 		m := want[ref]
 		sort.Strings(m.replicas)
-		p := ConsumerPlacement{ConsumerRef: ref, Found: m.found, Leader: m.leader, Replicas: m.replicas}
+		p := ConsumerPlacement{ConsumerRef: ref, Found: m.found, Leader: m.leader, Replicas: m.replicas, Pending: m.pending, AckPending: m.ackPending}
 		switch {
 		case !m.found:
 			b.findings = append(b.findings, fmt.Sprintf("consumer %s was reported by none of the servers that answered: it does not exist, or it lives where the census cannot see", ref))

@@ -86,9 +86,11 @@ type jszData struct {
 }
 
 type consumerInfo struct {
-	Stream  string `json:"stream_name"`
-	Name    string `json:"name"`
-	Cluster *struct {
+	Stream        string `json:"stream_name"`
+	Name          string `json:"name"`
+	NumPending    uint64 `json:"num_pending"`
+	NumAckPending int    `json:"num_ack_pending"`
+	Cluster       *struct {
 		Name     string     `json:"name"`
 		Leader   string     `json:"leader"`
 		Replicas []peerInfo `json:"replicas"`

@@ -123,3 +123,58 @@ func logCensus(t testing.TB, c *Census) {
 	}
 	t.Logf("census through %s: min %s, below %v%s", c.Connected, c.MinVersion, c.BelowFloor, b.String())
 }
+
+// A census that waits for a server that never answers is as old as the
+// first reply it judged, not as the moment it gave up waiting: the age a
+// RESET guard computes from TakenAt must never be understated.
+// checks P4
+func TestCensusTakenAtIsTheFirstReplyNotTheEndOfTheWait(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	sys := c.ConnectSys(0)
+	const wait = time.Second
+	before := time.Now()
+	census, err := TakeCensus(testContext(t, 10*time.Second), sys, CensusOptions{Timeout: wait, ExpectedServers: []string{"never-answers"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	if after.Sub(before) < wait {
+		t.Fatalf("census returned after %s; the test needs it to wait %s for the silent server", after.Sub(before), wait)
+	}
+	if s, ok := census.Server("never-answers"); !ok || s.Answered || !s.BelowFloor {
+		t.Fatalf("silent server %+v, want expected, unknown and below the floor", s)
+	}
+	// The lone server answered at once; the census then waited for the
+	// silent one. Its evidence is from the first reply.
+	if census.TakenAt.Before(before) || census.TakenAt.Sub(before) > wait/2 {
+		t.Fatalf("census taken at %s after it started (it returned after %s): want the first reply's time, well before the wait ended",
+			census.TakenAt.Sub(before), after.Sub(before))
+	}
+}
+
+// The census reads each inspected consumer's pending and unacknowledged
+// rows from the JSZ replies it already collects, so the operator can tell
+// a unit whose rows wait from one that is simply idle.
+func TestCensusReportsEachConsumersPendingRows(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	nc := c.Connect(-1)
+	l := testLayout(1, 2, 3)
+	mustProvision(t, nc, l)
+	js := mustJetStream(t, nc)
+	publishShard(t, js, l, 0, 1, 3)
+	fetchNoAck(t, js, l, 0, 1, 1)
+
+	var census *Census
+	eventually(t, 10*time.Second, "the census to count 2 pending and 1 unacknowledged row of unit 0.1", func() bool {
+		var err error
+		census, err = TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(0), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := census.Consumer(l.StreamName(0), l.ConsumerDurable(0, 1))
+		return p.Pending == 2 && p.AckPending == 1
+	})
+	if p, _ := census.Consumer(l.StreamName(0), l.ConsumerDurable(0, 0)); p.Pending != 0 || p.AckPending != 0 {
+		t.Fatalf("unit 0.0 %+v, want nothing pending", p)
+	}
+}

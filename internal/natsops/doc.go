@@ -15,13 +15,16 @@
 // RetireConsumers deletes a unit consumer only once it holds no rows.
 // Where publishers do not pick the shard (AssignByTransform), each stream
 // owns a subject transform from <prefix>.rows.<p>.<key> to
-// <prefix>.ingest.<p>.{{partition(V,1)}}.<key>.
+// <prefix>.ingest.<p>.{{partition(V,1)}}.<key>, where V is the layout's
+// TransformShards when set: a new shape's consumers are provisioned while
+// rows are still routed over the active shape's V.
 //
 // The census (TakeCensus) reads every server's version through the system
 // account: STATSZ pinged to all servers until as many answer as they say
 // exist (active_servers), the meta leaders' JSZ for their peers, every
 // server's LEAFZ for leafnode hubs and spokes, and every server's JSZ for
-// the leader and replicas of the unit consumers. It fails closed: a server
+// the leader and replicas of the unit consumers, with each consumer's
+// pending and unacknowledged rows as its leader reports them. It fails closed: a server
 // that should answer and does not (a meta or route peer, a consumer host,
 // a leafnode hub, a server counted by active_servers) is listed with
 // version "unknown" and is below the floor, and so is a version that does
@@ -30,14 +33,19 @@
 // inspected consumer is listed but not counted: it cannot take part in a
 // RESET.
 //
-// The guard (Census.Allow, Reset, Unpin) issues RESET or UNPIN only when a
+// The guard (Census.Allow) allows RESET or UNPIN of a consumer only when a
 // census younger than a given age shows the consumer's leader, every
 // replica and every cluster member known and at or above the version the
-// operation needs (RESET: the floor and at least 2.14.0; UNPIN: 2.11.0),
-// and the consumer's placement read just before is still covered. A
-// refusal is a *RefusedError naming the blocking servers. This is promise
-// P4 of design.md: a pre-2.14 replica does not know the raft operation
-// RESET replicates, and a 2.12 server panics on it.
+// operation needs (RESET: the floor and at least 2.14.0; UNPIN: 2.11.0). A
+// refusal is a *RefusedError naming the blocking servers. The census's
+// verdict travels to the workers as a ResetVerdict (Census.ResetVerdict:
+// allowed or not, the floor, when the census's first reply came, and every
+// server's version), and GuardedReset is the one way to issue a RESET: at
+// the moment of the RESET it reads the consumer's leader and replicas
+// afresh and issues nothing unless the verdict allows, is young enough,
+// and lists each of them at the version RESET needs. This is promise P4 of
+// design.md: a pre-2.14 replica does not know the raft operation RESET
+// replicates, and a 2.12 server panics on it.
 //
 // natsops does not decide when to provision, retire, reset or unpin (the
 // controllers and the worker SDK do), and it knows nothing of the

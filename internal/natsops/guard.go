@@ -2,7 +2,6 @@ package natsops
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/jsm.go/api"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -84,17 +81,10 @@ func (c *Census) Allow(op Op, ref ConsumerRef, maxAge time.Duration, now time.Ti
 		sort.Strings(servers)
 		return &RefusedError{Op: op, Consumer: ref, Servers: servers, Reason: fmt.Sprintf(format, args...)}
 	}
-	if c == nil {
-		return refuse(nil, "no census")
-	}
-	if age := now.Sub(c.TakenAt); age > maxAge || age < -time.Minute {
-		return refuse(nil, "census taken at %s is %s old, older than %s", c.TakenAt.Format(time.RFC3339), age.Round(time.Millisecond), maxAge)
-	}
-	floor, err := ParseVersion(c.Floor)
+	need, err := c.usable(op, ref, maxAge, now)
 	if err != nil {
-		return refuse(nil, "census floor: %v", err)
+		return err
 	}
-	need := RequiredVersion(op, floor)
 	p, ok := c.Consumer(ref.Stream, ref.Name)
 	if !ok {
 		return refuse(nil, "the census did not inspect the consumer")
@@ -131,103 +121,167 @@ func (c *Census) Allow(op Op, ref ConsumerRef, maxAge time.Duration, now time.Ti
 	return nil
 }
 
+// usable checks what Allow checks before looking at any server: a census
+// exists, is younger than maxAge at now (and not from the future), and has
+// a floor that parses. It returns the version op needs.
+func (c *Census) usable(op Op, ref ConsumerRef, maxAge time.Duration, now time.Time) (Version, error) {
+	refuse := func(format string, args ...any) error {
+		return &RefusedError{Op: op, Consumer: ref, Reason: fmt.Sprintf(format, args...)}
+	}
+	if c == nil {
+		return Version{}, refuse("no census")
+	}
+	if age := now.Sub(c.TakenAt); age > maxAge || age < -time.Minute {
+		return Version{}, refuse("census taken at %s is %s old, older than %s", c.TakenAt.Format(time.RFC3339), age.Round(time.Millisecond), maxAge)
+	}
+	floor, err := ParseVersion(c.Floor)
+	if err != nil {
+		return Version{}, refuse("census floor: %v", err)
+	}
+	return RequiredVersion(op, floor), nil
+}
+
 func versionAtLeast(s string, need Version) bool {
 	v, err := ParseVersion(s)
 	return err == nil && v.AtLeast(need)
 }
 
-// Reset issues a RESET of the consumer to its ack floor, only if the census
-// allows it (see AllowReset) and the consumer's current leader and replicas,
-// read just before, are all servers the census approved. nc is a
-// connection to the account that owns the stream. It returns the stream
-// sequence the consumer will deliver next.
-func Reset(ctx context.Context, nc *nats.Conn, c *Census, stream, consumer string, maxAge time.Duration) (uint64, error) {
-	ref := ConsumerRef{Stream: stream, Name: consumer}
-	js, err := guardFresh(ctx, nc, c, OpReset, ref, maxAge)
-	if err != nil {
-		return 0, err
-	}
-	rctx, cancel := requestContext(ctx)
-	defer cancel()
-	resp, err := js.ResetConsumer(rctx, stream, consumer)
-	if err != nil {
-		return 0, fmt.Errorf("reset consumer %s: %w", ref, err)
-	}
-	return resp.ResetSeq, nil
+// ResetVerdict is a census's verdict on RESET in a form that travels: the
+// operator publishes it (through the registry) and a worker checks it, with
+// GuardedReset, at the moment it would RESET a consumer. The verdict alone
+// is topology-wide and may be minutes old; Servers lets the worker check
+// the consumer's hosts as they are then (P4).
+type ResetVerdict struct {
+	// Allowed says the census met the floor and allowed RESET of every
+	// consumer it inspected.
+	Allowed bool `json:"allowed"`
+	// Floor is the version floor the census judged against.
+	Floor string `json:"floor"`
+	// TakenAt is the census's TakenAt: when its first reply arrived.
+	TakenAt time.Time `json:"takenAt"`
+	// Servers maps every server the census listed to its version, "" when
+	// it did not answer. A server missing here counts as below the floor.
+	Servers map[string]string `json:"servers"`
+	// Reason says why RESET is allowed or refused.
+	Reason string `json:"reason"`
 }
 
-// Unpin issues an UNPIN of the consumer's priority group, only if the
-// census allows it (see AllowUnpin) and the consumer's current placement is
-// covered by it.
-func Unpin(ctx context.Context, nc *nats.Conn, c *Census, stream, consumer, group string, maxAge time.Duration) error {
-	ref := ConsumerRef{Stream: stream, Name: consumer}
-	if _, err := guardFresh(ctx, nc, c, OpUnpin, ref, maxAge); err != nil {
+// ResetVerdict is the census's verdict on RESET: allowed when every
+// counted server is known and at or above the floor and RESET of every
+// inspected consumer is allowed (Allow at the census's own time), with the
+// version of every server listed.
+func (c *Census) ResetVerdict() ResetVerdict {
+	if c == nil {
+		return ResetVerdict{Reason: "no census"}
+	}
+	v := ResetVerdict{Floor: c.Floor, TakenAt: c.TakenAt, Servers: make(map[string]string, len(c.Servers))}
+	for _, s := range c.Servers {
+		if s.Answered {
+			v.Servers[s.Name] = s.Version
+		} else {
+			v.Servers[s.Name] = ""
+		}
+	}
+	if !c.FloorMet() {
+		v.Reason = fmt.Sprintf("servers below the floor %s: %s", c.Floor, strings.Join(c.BelowFloor, ", "))
+		if len(c.BelowFloor) == 0 {
+			v.Reason = fmt.Sprintf("a server's version is unknown (floor %s)", c.Floor)
+		}
+		return v
+	}
+	for _, p := range c.Consumers {
+		// The age is the reader's business; judged at TakenAt it is 0.
+		if err := c.Allow(OpReset, p.ConsumerRef, time.Hour, c.TakenAt); err != nil {
+			v.Reason = err.Error()
+			return v
+		}
+	}
+	v.Allowed = true
+	counted := 0
+	for _, s := range c.Servers {
+		if s.Counted {
+			counted++
+		}
+	}
+	v.Reason = fmt.Sprintf("%d servers at or above %s", counted, c.Floor)
+	return v
+}
+
+// census turns the verdict back into a census of one consumer, placed as
+// read now, so Census.Allow judges it. Every listed server counts only as
+// a possible host: the cluster-wide check is what Allowed records.
+func (v ResetVerdict) census(p ConsumerPlacement) *Census {
+	c := &Census{TakenAt: v.TakenAt, Floor: v.Floor, Consumers: []ConsumerPlacement{p}}
+	for name, ver := range v.Servers {
+		s := ServerInfo{Name: name, Version: ver, Role: RoleServer, Answered: ver != "", Counted: true}
+		if ver == "" {
+			s.Version = UnknownVersion
+		}
+		c.Servers = append(c.Servers, s)
+	}
+	sort.Slice(c.Servers, func(i, j int) bool { return c.Servers[i].Name < c.Servers[j].Name })
+	return c
+}
+
+// GuardedReset issues a RESET of the consumer to its ack floor only when the
+// verdict allows it: v.Allowed, v younger than maxAge at now, and the
+// consumer's leader and every replica, read from the consumer's info just
+// before, listed in v.Servers at or above RequiredVersion(OpReset, floor).
+// A server not listed, or listed as not answering, counts as below. A
+// refusal is a *RefusedError and issues nothing; otherwise it returns the
+// RESET's own error. js must reach the account that owns the stream.
+//
+// The placement is read here, not taken from the census: a leader that
+// moved, or a replica added since, must also be a server the census saw at
+// the version RESET needs. This is P4's last line: RESET is a raft
+// operation a pre-2.14 replica does not know, and a 2.12 replica panics on.
+func GuardedReset(ctx context.Context, js jetstream.JetStream, ref ConsumerRef, v ResetVerdict, maxAge time.Duration, now time.Time) error {
+	if !v.Allowed {
+		reason := v.Reason
+		if reason == "" {
+			reason = "the census verdict does not allow it"
+		}
+		return &RefusedError{Op: OpReset, Consumer: ref, Reason: "census verdict refuses RESET: " + reason}
+	}
+	// Too old, or a floor that does not parse: refuse before asking the
+	// servers anything.
+	if _, err := v.census(ConsumerPlacement{}).usable(OpReset, ref, maxAge, now); err != nil {
 		return err
 	}
-	// jsm.go's Consumer.Unpin needs a loaded consumer and takes no context,
-	// and nats.go has it only on a loaded stream: the request is one line.
-	body, err := json.Marshal(api.JSApiConsumerUnpinRequest{Group: group})
+	p, err := currentPlacement(ctx, js, ref)
 	if err != nil {
+		return err
+	}
+	if err := v.census(p).Allow(OpReset, ref, maxAge, now); err != nil {
 		return err
 	}
 	rctx, cancel := requestContext(ctx)
 	defer cancel()
-	m, err := nc.RequestWithContext(rctx, fmt.Sprintf(api.JSApiConsumerUnpinT, stream, consumer), body)
-	if err != nil {
-		return fmt.Errorf("unpin consumer %s: %w", ref, err)
-	}
-	var resp api.JSApiConsumerUnpinResponse
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return fmt.Errorf("unpin consumer %s: decode reply: %w", ref, err)
-	}
-	if resp.Error != nil {
-		return fmt.Errorf("unpin consumer %s: %w", ref, resp.Error)
+	if _, err := js.ResetConsumer(rctx, ref.Stream, ref.Name); err != nil {
+		return fmt.Errorf("reset consumer %s: %w", ref, err)
 	}
 	return nil
 }
 
-// guardFresh checks the census, then reads the consumer's placement now:
-// a leader that moved, or a replica added since the census, must also be a
-// server the census saw at the required version.
-func guardFresh(ctx context.Context, nc *nats.Conn, c *Census, op Op, ref ConsumerRef, maxAge time.Duration) (jetstream.JetStream, error) {
-	if err := c.Allow(op, ref, maxAge, time.Now()); err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("open JetStream: %w", err)
-	}
+// currentPlacement reads the consumer's leader and replicas now.
+func currentPlacement(ctx context.Context, js jetstream.JetStream, ref ConsumerRef) (ConsumerPlacement, error) {
 	rctx, cancel := requestContext(ctx)
 	defer cancel()
 	cons, err := js.Consumer(rctx, ref.Stream, ref.Name)
 	if err != nil {
-		return nil, fmt.Errorf("read placement of consumer %s: %w", ref, err)
+		return ConsumerPlacement{}, fmt.Errorf("read placement of consumer %s: %w", ref, err)
 	}
-	ci := cons.CachedInfo()
-	if ci.Cluster == nil {
-		return js, nil
-	}
-	floor, _ := ParseVersion(c.Floor) // Allow parsed it already.
-	need := RequiredVersion(op, floor)
-	hosts := []string{ci.Cluster.Leader}
-	for _, p := range ci.Cluster.Replicas {
-		hosts = append(hosts, p.Name)
-	}
-	var blocking []string
-	for _, h := range hosts {
-		if h == "" {
-			continue
+	p := ConsumerPlacement{ConsumerRef: ref, Found: true}
+	if cl := cons.CachedInfo().Cluster; cl != nil {
+		// A server without clustering names itself as the leader; no
+		// cluster info at all leaves no leader, which refuses.
+		p.Leader = cl.Leader
+		for _, r := range cl.Replicas {
+			if r.Name != "" && r.Name != p.Leader && !slices.Contains(p.Replicas, r.Name) {
+				p.Replicas = append(p.Replicas, r.Name)
+			}
 		}
-		if s, ok := c.Server(h); !ok || !s.Answered || !versionAtLeast(s.Version, need) {
-			blocking = append(blocking, h)
-		}
+		sort.Strings(p.Replicas)
 	}
-	if ci.Cluster.Leader == "" {
-		return nil, &RefusedError{Op: op, Consumer: ref, Servers: blocking, Reason: "the consumer has no leader now"}
-	}
-	if len(blocking) > 0 {
-		sort.Strings(blocking)
-		return nil, &RefusedError{Op: op, Consumer: ref, Servers: blocking, Reason: fmt.Sprintf("the consumer's placement changed since the census, onto servers not seen at %s or above", need)}
-	}
-	return js, nil
+	return p, nil
 }

@@ -2,7 +2,9 @@ package natsops
 
 import (
 	"errors"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,71 +102,130 @@ func TestGuardAllowsOnlyWithAFreshCensusShowingEveryServerAtTheVersion(t *testin
 	}
 }
 
+// A verdict made from a census travels with the version of every server
+// it listed (did not answer: ""), and allows RESET only when the census
+// itself does.
 // checks P4
-func TestResetAndUnpinAnR3ConsumerWithAFreshCensus(t *testing.T) {
+func TestResetVerdictFromACensus(t *testing.T) {
+	now := time.Now()
+	v := fakeCensus(now, func(c *Census) {
+		c.Servers = append(c.Servers, ServerInfo{Name: "gone", Version: UnknownVersion, Role: RoleLeafnode})
+	}).ResetVerdict()
+	want := map[string]string{"a": "2.14.9", "b": "2.14.9", "c": "2.14.9", "gone": ""}
+	if !v.Allowed || v.Floor != "2.14.0" || !v.TakenAt.Equal(now.Add(-time.Second)) || !maps.Equal(v.Servers, want) {
+		t.Fatalf("verdict %+v, want allowed with servers %v", v, want)
+	}
+	below := fakeCensus(now, func(c *Census) {
+		c.Servers[2].Version = "2.12.15"
+		c.BelowFloor, c.MinVersion = []string{"c"}, "2.12.15"
+	}).ResetVerdict()
+	if below.Allowed || !strings.Contains(below.Reason, "c") || below.Servers["c"] != "2.12.15" {
+		t.Fatalf("verdict below the floor %+v, want refused naming c", below)
+	}
+	uncovered := fakeCensus(now, func(c *Census) { c.Consumers[0].Replicas = []string{"b", "x"} }).ResetVerdict()
+	if uncovered.Allowed || !strings.Contains(uncovered.Reason, "x") {
+		t.Fatalf("verdict with a consumer host the census did not see %+v, want refused naming x", uncovered)
+	}
+	var none *Census
+	if v := none.ResetVerdict(); v.Allowed {
+		t.Fatalf("no census: %+v", v)
+	}
+}
+
+// GuardedReset against a real R3 consumer: it refuses, issuing nothing, a
+// verdict that refuses, is too old, lacks a host of the consumer or lists
+// one as silent; with a fresh verdict covering every host it RESETs, and
+// the rows a dead owner held come back at once (not after ack_wait), to a
+// new client once UNPIN lifts the dead owner's pin.
+// checks P4
+func TestGuardedResetOfAnR3ConsumerChecksItsCurrentHosts(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	nc := c.Connect(-1)
 	l := testLayout(1, 1, 3)
 	mustProvision(t, nc, l)
 	js := mustJetStream(t, nc)
-	stream, name := l.StreamName(0), l.ConsumerDurable(0, 0)
+	ref := l.ConsumerRef(Unit{0, 0})
 
 	publishShard(t, js, l, 0, 0, 5)
 	fetchNoAck(t, js, l, 0, 0, 5)
-	ci := mustConsumerInfo(t, js, stream, name)
+	ci := mustConsumerInfo(t, js, ref.Stream, ref.Name)
 	if ci.NumAckPending != 5 || len(ci.PriorityGroups) != 1 || ci.PriorityGroups[0].PinnedClientID == "" {
 		t.Fatalf("before: ack pending %d, groups %+v; want 5 rows held by a pinned client", ci.NumAckPending, ci.PriorityGroups)
 	}
-
 	ctx := testContext(t, 30*time.Second)
 	census, err := TakeCensus(ctx, c.ConnectSys(0), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A census older than the allowed age is refused before any request.
-	if _, err := Reset(ctx, nc, census, stream, name, time.Nanosecond); !errors.Is(err, ErrRefused) {
-		t.Fatalf("RESET with a stale census: %v, want refused", err)
+	v := census.ResetVerdict()
+	if !v.Allowed {
+		t.Fatalf("verdict %+v, want allowed on a cluster of one version", v)
 	}
-	if got := mustConsumerInfo(t, js, stream, name); got.NumAckPending != 5 {
-		t.Fatalf("a refused RESET changed the consumer: ack pending %d", got.NumAckPending)
+	replica := ci.Cluster.Replicas[0].Name
+	refusals := []struct {
+		name    string
+		verdict func() ResetVerdict
+		now     time.Time
+		blocked []string
+	}{
+		{"a verdict that refuses", func() ResetVerdict { w := v; w.Allowed = false; return w }, time.Now(), nil},
+		{"a stale verdict", func() ResetVerdict { return v }, v.TakenAt.Add(2 * time.Minute), nil},
+		{"a replica missing from the verdict", func() ResetVerdict {
+			w := v
+			w.Servers = maps.Clone(v.Servers)
+			delete(w.Servers, replica)
+			return w
+		}, time.Now(), []string{replica}},
+		{"a replica that did not answer", func() ResetVerdict {
+			w := v
+			w.Servers = maps.Clone(v.Servers)
+			w.Servers[replica] = ""
+			return w
+		}, time.Now(), []string{replica}},
+		{"a leader below 2.14", func() ResetVerdict {
+			w := v
+			w.Servers = maps.Clone(v.Servers)
+			w.Servers[ci.Cluster.Leader] = "2.12.15"
+			return w
+		}, time.Now(), []string{ci.Cluster.Leader}},
+	}
+	for _, tc := range refusals {
+		t.Run(tc.name, func(t *testing.T) {
+			err := GuardedReset(ctx, js, ref, tc.verdict(), time.Minute, tc.now)
+			var refused *RefusedError
+			if !errors.As(err, &refused) || refused.Op != OpReset || (tc.blocked != nil && !slices.Equal(refused.Servers, tc.blocked)) {
+				t.Fatalf("GuardedReset: %v, want refused (blocking %v)", err, tc.blocked)
+			}
+			if got := mustConsumerInfo(t, js, ref.Stream, ref.Name); got.NumAckPending != 5 {
+				t.Fatalf("a refused RESET changed the consumer: ack pending %d", got.NumAckPending)
+			}
+			t.Log(err)
+		})
 	}
 
-	seq, err := Reset(ctx, nc, census, stream, name, time.Minute)
-	if err != nil {
+	if err := GuardedReset(ctx, js, ref, v, time.Minute, time.Now()); err != nil {
 		t.Fatalf("RESET: %v", err)
 	}
-	if seq != 1 {
-		t.Fatalf("reset to sequence %d, want 1 (the ack floor + 1)", seq)
-	}
-	// The rows the dead owner held are pending again at once, not after
-	// ack_wait (30s).
-	after := mustConsumerInfo(t, js, stream, name)
+	after := mustConsumerInfo(t, js, ref.Stream, ref.Name)
 	if after.NumAckPending != 0 || after.NumPending != 5 {
-		t.Fatalf("after RESET: ack pending %d, pending %d; want 0 and 5", after.NumAckPending, after.NumPending)
+		t.Fatalf("after RESET: ack pending %d, pending %d; want 0 and 5 (redelivered now, not after ack_wait)", after.NumAckPending, after.NumPending)
 	}
-
-	// The consumer is still pinned to the dead owner; UNPIN lets the next
-	// owner, a new client, take the rows.
-	if err := Unpin(ctx, nc, census, stream, name, PriorityGroup, time.Minute); err != nil {
+	// The consumer is still pinned to the dead owner; UNPIN (2.11) lets
+	// the next owner, a new client, take the rows.
+	st, err := js.Stream(ctx, ref.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.UnpinConsumer(ctx, ref.Name, PriorityGroup); err != nil {
 		t.Fatalf("UNPIN: %v", err)
 	}
 	start := time.Now()
-	rows := fetchNoAck(t, js, l, 0, 0, 5)
+	for i, m := range fetchNoAck(t, js, l, 0, 0, 5) {
+		if md, err := m.Metadata(); err != nil || md.Sequence.Stream != uint64(i+1) {
+			t.Fatalf("row %d after RESET: metadata %+v (%v), want the same rows again from the ack floor", i, md, err)
+		}
+	}
 	if waited := time.Since(start); waited > 10*time.Second {
 		t.Fatalf("redelivery took %s", waited)
-	}
-	for _, m := range rows {
-		md, err := m.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("row %d after RESET and UNPIN: delivered %d times", md.Sequence.Stream, md.NumDelivered)
-	}
-	pinned := mustConsumerInfo(t, js, stream, name).PriorityGroups
-	if len(pinned) != 1 || pinned[0].PinnedClientID == "" || pinned[0].PinnedClientID == ci.PriorityGroups[0].PinnedClientID {
-		t.Fatalf("priority groups %+v: want a new pinned client", pinned)
-	}
-	if err := Unpin(ctx, nc, census, stream, name, "nosuchgroup", time.Minute); err == nil || errors.Is(err, ErrRefused) {
-		t.Fatalf("UNPIN of an unknown group: %v, want the server's error", err)
 	}
 }

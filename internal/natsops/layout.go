@@ -60,6 +60,32 @@ type Layout struct {
 	AckWait time.Duration
 	// Assignment says who picks a row's shard; empty means publishers.
 	Assignment ShardAssignment
+	// TransformShards is the shard count the stream subject transform
+	// hashes over under AssignByTransform; 0 means Shards. A topology
+	// change provisions the new shape's consumers with the active shape's
+	// V here, so rows keep going to units someone may claim, and moves
+	// the transform only once the new shape is active.
+	TransformShards int
+}
+
+// RoutedShards is the shard count rows are routed over under a transform:
+// TransformShards, or Shards when it is 0.
+func (l Layout) RoutedShards() int {
+	if l.TransformShards > 0 {
+		return l.TransformShards
+	}
+	return l.Shards
+}
+
+// consumerShards is how many unit consumers Provision keeps on each
+// stream: every shard of the shape and, under a transform, every shard
+// the transform routes to, so no routed row lands where no consumer reads
+// it. Those beyond Shards are orphans, retired once drained.
+func (l Layout) consumerShards() int {
+	if l.Assignment == AssignByTransform {
+		return max(l.Shards, l.RoutedShards())
+	}
+	return l.Shards
 }
 
 var (
@@ -84,6 +110,9 @@ func (l Layout) Validate() error {
 	}
 	if l.Partitions < 1 || l.Partitions > 1024 || l.Shards < 1 || l.Shards > 1024 || l.Partitions*l.Shards > 65536 {
 		bad("%d partitions x %d shards: each must be 1..1024, at most 65536 units", l.Partitions, l.Shards)
+	}
+	if l.TransformShards < 0 || l.TransformShards > 1024 {
+		bad("transform shards %d must be 0 (the shard count) or 1..1024", l.TransformShards)
 	}
 	if l.Replicas < 1 || l.Replicas > 5 {
 		bad("replicas %d must be 1..5", l.Replicas)
@@ -134,15 +163,15 @@ func (l Layout) RowSubject(p int, key string) string {
 	return fmt.Sprintf("%s.rows.%d.%s", l.SubjectPrefix, p, key)
 }
 
-// Transform is partition p's subject transform, nil when publishers pick
-// the shard.
+// Transform is partition p's subject transform over RoutedShards shards,
+// nil when publishers pick the shard.
 func (l Layout) Transform(p int) *api.SubjectTransformConfig {
 	if l.Assignment != AssignByTransform {
 		return nil
 	}
 	return &api.SubjectTransformConfig{
 		Source:      l.InputSubject(p),
-		Destination: fmt.Sprintf("%s.ingest.%d.{{partition(%d,1)}}.{{wildcard(1)}}", l.SubjectPrefix, p, l.Shards),
+		Destination: fmt.Sprintf("%s.ingest.%d.{{partition(%d,1)}}.{{wildcard(1)}}", l.SubjectPrefix, p, l.RoutedShards()),
 	}
 }
 

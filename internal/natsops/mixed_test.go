@@ -53,21 +53,106 @@ func TestMixedClusterCensusNamesThe212ServerAndRefusesResetOfEveryConsumer(t *te
 		}
 	}
 
+	v := census.ResetVerdict()
+	if v.Allowed || v.Servers[old] != "2.12.15" {
+		t.Fatalf("verdict %+v, want refused, listing %s at 2.12.15", v, old)
+	}
+	// Even a verdict that says "allowed" (taken before the 2.12 server
+	// joined, say) does not RESET a consumer that server hosts now.
+	forged := v
+	forged.Allowed = true
+	js := mustJetStream(t, nc)
 	for _, ref := range l.Consumers() {
-		_, err := Reset(testContext(t, 10*time.Second), nc, census, ref.Stream, ref.Name, time.Minute)
 		var refused *RefusedError
+		if err := census.AllowReset(ref.Stream, ref.Name, time.Minute); !errors.As(err, &refused) || !slices.Equal(refused.Servers, []string{old}) {
+			t.Fatalf("census allows RESET of %s: %v; want refused naming %s", ref, err, old)
+		}
+		if err := GuardedReset(testContext(t, 10*time.Second), js, ref, v, time.Minute, time.Now()); !errors.As(err, &refused) {
+			t.Fatalf("GuardedReset of %s with the census's verdict: %v; want refused", ref, err)
+		}
+		err := GuardedReset(testContext(t, 10*time.Second), js, ref, forged, time.Minute, time.Now())
 		if !errors.As(err, &refused) || refused.Op != OpReset || !slices.Equal(refused.Servers, []string{old}) {
-			t.Fatalf("RESET of %s: %v; want refused naming %s", ref, err, old)
+			t.Fatalf("GuardedReset of %s with a verdict that allows: %v; want refused naming %s", ref, err, old)
 		}
 		// UNPIN only needs 2.11, so graceful handover works mid-upgrade.
 		if err := census.AllowUnpin(ref.Stream, ref.Name, time.Minute); err != nil {
 			t.Fatalf("UNPIN of %s refused: %v", ref, err)
 		}
 	}
+	if !c.Procs[oldServer].Running() {
+		t.Fatalf("the 2.12.15 server died: a RESET got through\n%s", c.Procs[oldServer].LogTail(10))
+	}
 	ref := l.Consumers()[0]
-	if err := Unpin(testContext(t, 10*time.Second), nc, census, ref.Stream, ref.Name, PriorityGroup, time.Minute); err != nil {
+	st, err := js.Stream(testContext(t, 10*time.Second), ref.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.UnpinConsumer(testContext(t, 10*time.Second), ref.Name, PriorityGroup); err != nil {
 		t.Fatalf("UNPIN of %s in the mixed cluster: %v", ref, err)
 	}
+}
+
+// On a cluster whose servers are all 2.14.9 (separate processes), a fresh
+// verdict allows GuardedReset, and the row a dead owner left unacked comes
+// back at once, not after ack_wait (30s).
+// checks P4
+func TestGuardedResetOnAll214ServersRedeliversAtOnce(t *testing.T) {
+	new := natstest.Binary(t, natstest.Version214)
+	c := natstest.StartProcCluster(t, new, new, new)
+	nc := c.Connect(0)
+	js := mustJetStream(t, nc)
+	l := testLayout(1, 1, 3)
+	mustProvision(t, nc, l)
+	ref := l.ConsumerRef(Unit{0, 0})
+	publishShard(t, js, l, 0, 0, 1)
+
+	ctx := testContext(t, 30*time.Second)
+	cons, err := js.Consumer(ctx, ref.Stream, ref.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetchOne := func(wait time.Duration) jetstream.Msg {
+		t.Helper()
+		deadline := time.Now().Add(wait)
+		for time.Now().Before(deadline) {
+			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(500*time.Millisecond), jetstream.FetchPriorityGroup(PriorityGroup))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for m := range batch.Messages() {
+				return m
+			}
+		}
+		return nil
+	}
+	if m := fetchOne(10 * time.Second); m == nil {
+		t.Fatal("the row was never delivered")
+	}
+	// The owner "dies" holding it unacked.
+	census, err := TakeCensus(ctx, c.ConnectSys(1), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logCensus(t, census)
+	v := census.ResetVerdict()
+	if !v.Allowed || len(v.Servers) != 3 {
+		t.Fatalf("verdict %+v, want allowed with 3 servers", v)
+	}
+	if err := GuardedReset(ctx, js, ref, v, time.Minute, time.Now()); err != nil {
+		t.Fatalf("GuardedReset: %v", err)
+	}
+	start := time.Now()
+	m := fetchOne(5 * time.Second)
+	if m == nil {
+		t.Fatalf("the unacked row did not come back within 5s of the RESET (ack_wait is %s)", l.AckWait)
+	}
+	// RESET rewinds the consumer: the row comes back as stream sequence 1
+	// again (delivery counts start over).
+	md, err := m.Metadata()
+	if err != nil || md.Sequence.Stream != 1 {
+		t.Fatalf("row after RESET: %+v (%v), want stream sequence 1 again", md, err)
+	}
+	t.Logf("redelivered %s after the RESET", time.Since(start).Round(time.Millisecond))
 }
 
 // checks P4
@@ -98,10 +183,10 @@ func TestCensusThroughA214ServerIsNotFooledWhileA212MemberExists(t *testing.T) {
 		if len(census.Servers) != 3 {
 			t.Fatalf("census through %s saw %d servers, want 3", sys.ConnectedServerName(), len(census.Servers))
 		}
-		app := c.Connect(i)
+		app := mustJetStream(t, c.Connect(i))
 		for _, ref := range l.Consumers() {
-			if _, err := Reset(testContext(t, 10*time.Second), app, census, ref.Stream, ref.Name, time.Minute); !errors.Is(err, ErrRefused) {
-				t.Fatalf("RESET of %s through %s: %v, want refused", ref, app.ConnectedServerName(), err)
+			if err := GuardedReset(testContext(t, 10*time.Second), app, ref, census.ResetVerdict(), time.Minute, time.Now()); !errors.Is(err, ErrRefused) {
+				t.Fatalf("RESET of %s through %s: %v, want refused", ref, sys.ConnectedServerName(), err)
 			}
 		}
 	}

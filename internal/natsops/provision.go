@@ -55,8 +55,12 @@ type Report struct {
 // streams.
 //
 // Under AssignByTransform, Provision also sets each stream's subject
-// transform, so calling it with a new shard count re-routes new rows at
-// once: call it with the target layout when that routing should start.
+// transform to route over RoutedShards, which re-routes new rows at once:
+// provision a new shape with TransformShards set to the active shape's V
+// while the new shape is not active, and without it once it is. Every
+// shard the transform routes to gets a consumer, so a stream that a new
+// shape adds never stores a row no consumer reads; those beyond the shape
+// are reported as orphans.
 func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
@@ -148,7 +152,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 		})
 	}
 	var created, updated []string
-	for s := range l.Shards {
+	for s := range l.consumerShards() {
 		want := l.ConsumerConfig(p, s)
 		obj := consumerObject(name, want.Durable)
 		if _, off := offline[want.Durable]; off {
@@ -185,10 +189,17 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 		return err
 	}
 
+	orphans := map[int]bool{}
+	for s := l.Shards; s < l.consumerShards(); s++ {
+		orphans[s] = true // kept for the transform's sake
+	}
 	for cname := range have {
 		if s, ok := l.ParseConsumerDurable(p, cname); ok && s >= l.Shards {
-			rep.Orphans = append(rep.Orphans, Unit{Partition: p, Shard: s})
+			orphans[s] = true
 		}
+	}
+	for s := range orphans {
+		rep.Orphans = append(rep.Orphans, Unit{Partition: p, Shard: s})
 	}
 	sortUnits(rep.Orphans)
 	return nil

@@ -1,6 +1,7 @@
 package natsops
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -224,6 +225,13 @@ func TestTransformRoutesRowsToShardsWithPartition(t *testing.T) {
 	}
 	// Every row lands in exactly one unit, under its key, and the same key
 	// always in the same unit.
+	eventually(t, 10*time.Second, "every row counted by a unit consumer", func() bool {
+		n := uint64(0)
+		for s := range 4 {
+			n += mustConsumerInfo(t, js, l.StreamName(0), l.ConsumerDurable(0, s)).NumPending
+		}
+		return n == uint64(len(keys))
+	})
 	seen := map[string]int{}
 	total := 0
 	for s := range 4 {
@@ -273,6 +281,71 @@ func TestTransformRoutesRowsToShardsWithPartition(t *testing.T) {
 	}
 	if got := st.CachedInfo().Config.SubjectTransform; got == nil || got.Destination != l.Transform(0).Destination {
 		t.Fatalf("transform %+v, want %+v", got, l.Transform(0))
+	}
+}
+
+// A new shape's consumers are provisioned while the transform keeps the
+// active shape's V (TransformShards): rows go only to units someone may
+// claim. Provisioning without it moves the transform.
+func TestTransformShardsKeepRowsOnTheActiveShardsUntilTheTransformMoves(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	nc := c.Connect(0)
+	js := mustJetStream(t, nc)
+	ctx := testContext(t, 20*time.Second)
+	l := testLayout(1, 4, 1)
+	l.Assignment = AssignByTransform
+	l.TransformShards = 2
+	mustProvision(t, nc, l)
+
+	// pending reads each unit's pending count once all want rows are
+	// counted (a consumer counts a stored row a moment after the ack).
+	pending := func(want uint64) []uint64 {
+		t.Helper()
+		var out []uint64
+		eventually(t, 10*time.Second, fmt.Sprintf("%d rows pending over the unit consumers", want), func() bool {
+			out = make([]uint64, 4)
+			total := uint64(0)
+			for s := range 4 {
+				out[s] = mustConsumerInfo(t, js, l.StreamName(0), l.ConsumerDurable(0, s)).NumPending
+				total += out[s]
+			}
+			return total == want
+		})
+		return out
+	}
+	publish := func(prefix string) {
+		t.Helper()
+		for i := range 40 {
+			if _, err := js.Publish(ctx, l.RowSubject(0, fmt.Sprintf("%s%d", prefix, i)), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	publish("a")
+	got := pending(40)
+	if got[0]+got[1] != 40 || got[2] != 0 || got[3] != 0 || got[0] == 0 || got[1] == 0 {
+		t.Fatalf("pending per shard %v: want all 40 rows on shards 0 and 1 while consumers 0..3 exist", got)
+	}
+
+	l.TransformShards = 0
+	rep := mustProvision(t, nc, l)
+	if i := slices.IndexFunc(rep.Findings, func(f Finding) bool { return f.Field == "subject_transform" }); i < 0 || !rep.Findings[i].Updated || len(rep.Created) != 0 {
+		t.Fatalf("report %+v: want only the subject transform updated", rep)
+	}
+	publish("b")
+	after := pending(80)
+	if after[2] == 0 || after[3] == 0 {
+		t.Fatalf("pending per shard %v after the transform moved: want the new rows over all 4 shards", after)
+	}
+
+	// A shape with fewer shards than the transform routes over (a new
+	// partition while V shrinks) still gets a consumer for every routed
+	// shard; those beyond the shape are orphans.
+	narrow := testLayout(1, 2, 1)
+	narrow.Assignment, narrow.TransformShards = AssignByTransform, 4
+	rep = mustProvision(t, nc, narrow)
+	if len(rep.Created) != 5 || !slices.Equal(rep.Orphans, []Unit{{0, 2}, {0, 3}}) {
+		t.Fatalf("report %+v: want the stream and 4 consumers created, shards 2 and 3 reported as orphans", rep)
 	}
 }
 

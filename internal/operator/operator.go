@@ -64,6 +64,9 @@ type Options struct {
 	// CensusInterval is how often each topology's census runs at least;
 	// 0 means controllers.DefaultCensusInterval.
 	CensusInterval time.Duration
+	// RegistryTimeout bounds every registry operation of the operator; 0
+	// means controllers.DefaultRegistryTimeout.
+	RegistryTimeout time.Duration
 	// SkipControllerNameValidation lets tests run several managers in one
 	// process.
 	SkipControllerNameValidation bool
@@ -121,11 +124,12 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	}
 	conns := &controllers.Connections{}
 	r := &controllers.ShardTopologyReconciler{
-		Client:         mgr.GetClient(),
-		APIReader:      mgr.GetAPIReader(),
-		Recorder:       mgr.GetEventRecorder(controllers.ControllerName),
-		Conns:          conns,
-		CensusInterval: o.CensusInterval,
+		Client:          mgr.GetClient(),
+		APIReader:       mgr.GetAPIReader(),
+		Recorder:        mgr.GetEventRecorder(controllers.ControllerName),
+		Conns:           conns,
+		CensusInterval:  o.CensusInterval,
+		RegistryTimeout: o.RegistryTimeout,
 	}
 	if err := r.SetupWithManager(ctx, mgr, controllers.SetupOptions{SkipNameValidation: o.SkipControllerNameValidation}); err != nil {
 		return nil, fmt.Errorf("set up %s controller: %w", controllers.ControllerName, err)

@@ -63,7 +63,7 @@ func newConfirmFixture(tb testing.TB) *confirmFixture {
 	for err := range errs {
 		tb.Fatal(err)
 	}
-	f.proxy = faultproxy.New(tb, fmt.Sprintf("127.0.0.1:%d", pgServer.Port))
+	f.proxy = faultproxy.New(tb, pgAddr(tb))
 	f.proxy.SetLatency(benchLatency)
 	f.slow = New(newPool(tb, viaAddr(tb, dsn, f.proxy.Addr()), 1))
 	return f

@@ -3,7 +3,6 @@ package poolctl
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sort"
 	"sync"
 	"testing"
@@ -53,6 +52,7 @@ type simWorker struct {
 	fenced     bool
 	fencedAt   time.Time // when the deadline passed (first time)
 	tokens     map[string]Token
+	waiting    int // units ConfirmOwned left for the re-home grace
 	deliveries []delivery
 	renewErrs  []error
 	rejoins    []Lease
@@ -101,7 +101,7 @@ func (w *simWorker) renewLoop() {
 		switch {
 		case err == nil:
 			w.deadline = sent.Add(l.TTL - leaseMargin)
-			if w.fenced {
+			if w.fenced || w.waiting > 0 {
 				w.mu.Unlock()
 				w.confirm()
 				continue
@@ -152,7 +152,7 @@ func (w *simWorker) confirm() {
 		return
 	}
 	w.mu.Lock()
-	w.tokens, w.fenced = c.Held, false
+	w.tokens, w.fenced, w.waiting = c.Held, false, len(c.Waiting)
 	w.mu.Unlock()
 }
 
@@ -232,7 +232,7 @@ func newLeaseFixture(t *testing.T) *leaseFixture {
 	direct, dsn := newPG(t)
 	_, err := direct.Pool().Exec(ctx, "CREATE TABLE sink (unit text, epoch bigint, member text, at timestamptz DEFAULT clock_timestamp())")
 	must(t, err)
-	f := &leaseFixture{direct: direct, proxyA: faultproxy.New(t, fmt.Sprintf("127.0.0.1:%d", pgServer.Port))}
+	f := &leaseFixture{direct: direct, proxyA: faultproxy.New(t, pgAddr(t))}
 	f.viaA = New(newPool(t, viaAddr(t, dsn, f.proxyA.Addr()), 4))
 	t.Cleanup(func() { f.proxyA.Hold(false); f.proxyA.Refuse(false) }) // before the pool closes
 	f.topo = newTopology(t, direct, leaseParams, 2, 4)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,36 +16,49 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/testbed/pgtest"
 )
 
-// pgServer is the one PostgreSQL server of this test binary; each test
-// gets its own database.
-var pgServer *pgtest.Server
+// The one PostgreSQL server of this test binary starts on the first test
+// that needs it, so tests of the twin alone run on a machine without
+// PostgreSQL (go test -run Twin). A test that needs it and cannot have it
+// fails with the reason; none skips.
+var (
+	pgOnce   sync.Once
+	pgSrv    *pgtest.Server
+	pgSrvErr error
+)
 
 func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	srv, err := pgtest.Start(ctx)
-	cancel()
-	switch {
-	case errors.Is(err, pgtest.ErrNoBinaries):
-		fmt.Fprintln(os.Stderr, "poolctl: PostgreSQL not installed; PostgreSQL tests will skip:", err)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "poolctl: start PostgreSQL:", err)
-		os.Exit(1)
-	}
-	pgServer = srv
 	code := m.Run()
-	if srv != nil {
-		srv.Stop()
+	if pgSrv != nil {
+		pgSrv.Stop()
 	}
 	os.Exit(code)
 }
 
-// newDatabase creates a fresh database and returns its DSN.
+// pgServer returns the shared server, starting it on first use, and fails
+// the test if it cannot be started (binaries missing included).
+func pgServer(t testing.TB) *pgtest.Server {
+	t.Helper()
+	pgOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		pgSrv, pgSrvErr = pgtest.Start(ctx)
+	})
+	if pgSrvErr != nil {
+		t.Fatalf("this test needs PostgreSQL, which did not start: %v", pgSrvErr)
+	}
+	return pgSrv
+}
+
+// pgAddr is the shared server's address, for proxies.
+func pgAddr(t testing.TB) string {
+	return fmt.Sprintf("127.0.0.1:%d", pgServer(t).Port)
+}
+
+// newDatabase creates a fresh database (with the test clock on) and
+// returns its DSN.
 func newDatabase(t testing.TB) string {
 	t.Helper()
-	if pgServer == nil {
-		t.Skip("PostgreSQL not installed")
-	}
-	return pgServer.NewTestDatabase(t)
+	return pgServer(t).NewTestDatabase(t)
 }
 
 // newPool opens a pool on dsn, closed when the test ends.
@@ -103,8 +117,8 @@ type backend struct {
 // backends are the twin and PostgreSQL.
 func backends() []backend {
 	return []backend{
-		{"twin", func(testing.TB) testRegistry { return NewTwin(nil) }},
-		{"postgres", func(t testing.TB) testRegistry { pg, _ := newPG(t); return pg }},
+		{"Twin", func(testing.TB) testRegistry { return NewTwin(nil) }},
+		{"Postgres", func(t testing.TB) testRegistry { pg, _ := newPG(t); return pg }},
 	}
 }
 

@@ -1,6 +1,9 @@
 package poolctl
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // This file is the fault matrix's data: scenarios as lists of steps, the
 // fault kinds and the continuations. matrix_test.go runs them.
@@ -23,6 +26,10 @@ const (
 	opCreatePending opKind = "create-pending"
 	opAck           opKind = "ack-freeze"
 	opActivate      opKind = "activate"
+	opLateFence     opKind = "late-fence"
+	opClaimMany     opKind = "claim-many"
+	opReleaseMany   opKind = "release-many"
+	opSetRetiring   opKind = "set-retiring"
 
 	opAdvance opKind = "advance" // time passes; members not stalled renew
 	opStall   opKind = "stall"   // the actor is cut off from the registry but keeps running
@@ -43,6 +50,7 @@ type step struct {
 	actor string
 	op    opKind
 	unit  string
+	units []string      // batches and the retiring set
 	to    string        // handover target
 	d     time.Duration // advance
 	shape [2]int        // create-pending
@@ -52,6 +60,9 @@ func (s step) String() string {
 	out := s.actor + ":" + string(s.op)
 	if s.unit != "" {
 		out += " " + s.unit
+	}
+	if len(s.units) > 0 {
+		out += " " + strings.Join(s.units, ",")
 	}
 	if s.op == opHandover {
 		out += "->" + s.to
@@ -83,8 +94,18 @@ func advance(d time.Duration) step  { return step{op: opAdvance, d: d} }
 func stall(a string) step           { return step{actor: a, op: opStall} }
 func wake(a string) step            { return step{actor: a, op: opWake} }
 func restartProcess(a string) step  { return step{actor: a, op: opRestart} }
+func lateFence(a string) step       { return step{actor: a, op: opLateFence} }
+func claimMany(a string, units ...string) step {
+	return step{actor: a, op: opClaimMany, units: units}
+}
+func releaseMany(a string, units ...string) step {
+	return step{actor: a, op: opReleaseMany, units: units}
+}
+func setRetiring(units ...string) step { return step{actor: "op", op: opSetRetiring, units: units} }
 
-// matrixScenarios are the seven scenarios. Times are against
+// matrixScenarios are the seven scenarios, and four for the
+// registry's later defects: batches, the retiring set, a crash-restart
+// under the same name, and a late Fence (in fence-lift). Times are against
 // matrixParams: a 60s lease renewed every 20s, a 30s grace.
 var matrixScenarios = []scenario{
 	{name: "claim", shape: [2]int{1, 4}, steps: []step{
@@ -104,7 +125,7 @@ var matrixScenarios = []scenario{
 	}},
 	{name: "fence-lift", shape: [2]int{1, 4}, steps: []step{
 		join("a"), join("b"), claim("a", "0.0"), claim("b", "0.1"), fence("b"), stall("a"),
-		advance(100 * time.Second), claim("b", "0.0"), unfence("b"), claim("b", "0.0"), confirm("b"),
+		advance(100 * time.Second), claim("b", "0.0"), unfence("b"), lateFence("b"), claim("b", "0.0"), confirm("b"),
 		advance(40 * time.Second), claim("b", "0.0"), wake("a"), join("a"), confirm("a"),
 	}},
 	{name: "topology-change", shape: [2]int{1, 2}, steps: []step{
@@ -113,7 +134,20 @@ var matrixScenarios = []scenario{
 	}},
 	{name: "restart-mid-handover", shape: [2]int{1, 4}, steps: []step{
 		join("a"), join("b"), claim("a", "0.0"), claim("a", "0.1"), handover("a", "0.0", "b"), restartProcess("a"),
-		join("a"), confirm("a"), claim("b", "0.0"), release("a", "0.1"), claim("b", "0.1"),
+		join("a"), confirm("a"), claim("b", "0.0"), advance(100 * time.Second), release("a", "0.1"), claim("b", "0.1"),
+	}},
+	{name: "batch", shape: [2]int{1, 4}, steps: []step{
+		join("a"), join("b"), claimMany("a", "0.0", "0.1", "0.2"), checkpoint("a", "0.0"), handover("a", "0.1", "b"),
+		claimMany("b", "0.1", "0.2", "0.3"), releaseMany("a", "0.0", "0.2"), claimMany("b", "0.0", "0.2"),
+	}},
+	{name: "shrink-retiring", shape: [2]int{1, 4}, steps: []step{
+		join("a"), join("b"), claim("a", "0.3"), claim("a", "0.1"), createPending(1, 2), ackFreeze("a"), ackFreeze("b"),
+		activate(), setRetiring("0.3"), stall("a"), advance(100 * time.Second), claimMany("b", "0.1", "0.3"),
+		wake("a"), join("a"), confirm("a"),
+	}},
+	{name: "crash-restart", shape: [2]int{1, 4}, steps: []step{
+		join("a"), claim("a", "0.0"), claim("a", "0.1"), restartProcess("a"), join("a"), confirm("a"), claim("a", "0.0"),
+		advance(100 * time.Second), claim("a", "0.0"), claimMany("a", "0.1", "0.2"),
 	}},
 }
 
@@ -126,9 +160,16 @@ const (
 	faultConnCut   faultKind = "connection-cut"    // the caller's connections are cut and refused
 	faultCrash     faultKind = "process-crash"     // the call commits; the caller's process dies
 	faultClockJump faultKind = "caller-clock-jump" // the caller's clock jumps a lease ahead
+	// Wire-level faults, through the proxy (simulated on the twin): the
+	// connection is cut at the call's first reply (a multi-round-trip
+	// transaction rolls back, a single statement has committed), or the
+	// reply that ends the call's transaction is lost after the commit.
+	faultWireCut  faultKind = "wire-cut-mid-statement"
+	faultWireLost faultKind = "wire-reply-lost"
 )
 
-var matrixFaults = []faultKind{faultStatement, faultReplyLost, faultConnCut, faultCrash, faultClockJump}
+var matrixFaults = []faultKind{faultStatement, faultReplyLost, faultConnCut, faultCrash, faultClockJump,
+	faultWireCut, faultWireLost}
 
 // continuation is what happens after the fault.
 type continuation string

@@ -5,10 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardkeeper/shardkeeper/internal/testbed/faultproxy"
 )
@@ -91,7 +96,11 @@ func (w *world) releaseAll(target *actor) {
 		return
 	}
 	z := w.probe()
+	claimable := w.claimableUnits()
 	for _, u := range released {
+		if !claimable(u) {
+			continue
+		}
 		if err := w.claimAs(z, u, false); err != nil {
 			w.violate("released unit %s not adoptable: %s", u, errClass(err))
 			continue
@@ -140,26 +149,36 @@ func (w *world) finish() {
 		if !a.member || !a.alive || a.left || a.lease == nil {
 			continue
 		}
-		got := map[string]int64{}
+		got, gotWaiting := map[string]int64{}, map[string]bool{}
 		for u, h := range a.held {
 			got[u] = h.tok.Epoch
 		}
-		want := map[string]int64{}
+		for u := range a.waiting {
+			gotWaiting[u] = true
+		}
+		want, wantWaiting := map[string]int64{}, map[string]bool{}
 		for _, c := range claims {
-			if c.Owner == a.name && c.State != StateFree {
+			switch {
+			case c.Owner != a.name || c.State == StateFree:
+			case c.OwnerIncarnation == a.lease.Incarnation:
 				want[c.Unit] = c.Epoch
+			default:
+				wantWaiting[c.Unit] = true // an earlier incarnation's, within the re-home grace
 			}
 		}
-		if !reflect.DeepEqual(got, want) {
-			w.violate("claim lost: %s believes it holds %v, registry says %v", a.name, got, want)
+		if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotWaiting, wantWaiting) {
+			w.violate("claim lost: %s believes it holds %v and waits for %v, registry says %v and %v",
+				a.name, got, gotWaiting, want, wantWaiting)
 		}
 	}
 	w.checkTokens("settled")
 
-	// A released unit is adoptable at once.
+	// A released unit is adoptable at once, if it is in the active epoch's
+	// shape or retiring.
 	z := w.probe()
+	claimable := w.claimableUnits()
 	for _, c := range claims {
-		if c.State == StateFree {
+		if c.State == StateFree && claimable(c.Unit) {
 			if err := w.claimAs(z, c.Unit, false); err != nil {
 				w.violate("released unit %s not adoptable: %s", c.Unit, errClass(err))
 			}
@@ -179,7 +198,7 @@ func (w *world) finish() {
 		if c.State == StateFree || c.Owner == "z" {
 			continue
 		}
-		if m := snap.Member(c.Owner); m != nil && !m.Live {
+		if m := snap.Member(c.Owner); m != nil && !m.Live && claimable(c.Unit) {
 			if err := w.claimAs(z, c.Unit, false); err != nil {
 				w.violate("claim lost: %s of departed %s not adoptable: %s", c.Unit, c.Owner, errClass(err))
 			}
@@ -189,6 +208,19 @@ func (w *world) finish() {
 	w.checkTokens("swept")
 	claims, _ = r.Claims(w.ctx, w.topo)
 	w.finalClaims = fmt.Sprint(claims)
+}
+
+// claimableUnits says which units a claim under the active epoch may
+// take: those of its shape and the retiring set.
+func (w *world) claimableUnits() func(string) bool {
+	snap, err := w.be.raw().Snapshot(w.ctx, w.topo)
+	if err != nil || snap.Active == nil {
+		return func(string) bool { return false }
+	}
+	return func(unit string) bool {
+		p, s, err := parseUnit(unit)
+		return err == nil && ((p < snap.Active.Partitions && s < snap.Active.Shards) || slices.Contains(snap.Retiring, unit))
+	}
 }
 
 // completeTopologyChange is the operator finishing a pending change: live
@@ -350,6 +382,16 @@ func (b *twinBackend) cut(a string)           { b.down[a] = true }
 func (b *twinBackend) heal(a string)          { b.down[a] = false }
 func (b *twinBackend) linkDown(a string) bool { return b.down[a] }
 
+// wire simulates PG's outcome: a cut at the first reply rolls back a
+// multi-round-trip transaction and finds a single statement committed; a
+// lost final reply finds the call done. The caller sees a cut either way.
+func (b *twinBackend) wire(_ string, kind faultKind, what string, f func(Registry) error) (error, bool) {
+	if kind == faultWireLost || !multiTrip(what) {
+		_ = f(b.tw)
+	}
+	return errWire, true
+}
+
 // pgBackend: every caller reaches PostgreSQL through its own fault proxy
 // and pool; a cut closes its connections and refuses new ones.
 type pgBackend struct {
@@ -362,13 +404,57 @@ type pgBackend struct {
 func newPGBackend(t testing.TB) *pgBackend {
 	pg, dsn := newPG(t)
 	b := &pgBackend{direct: pg, links: map[string]*PG{}, proxies: map[string]*faultproxy.Proxy{}, isCut: map[string]bool{}}
-	target := fmt.Sprintf("127.0.0.1:%d", pgServer.Port)
+	target := pgAddr(t)
 	for _, a := range []string{"a", "b", "z", "op"} {
 		p := faultproxy.New(t, target)
 		b.proxies[a] = p
-		b.links[a] = New(newPool(t, viaAddr(t, dsn, p.Addr()), 2))
+		b.links[a] = New(newWirePool(t, viaAddr(t, dsn, p.Addr())))
 	}
 	return b
+}
+
+// newWirePool is a caller's pool as wire faults need it: statements are
+// sent without a separate prepare round trip, so a call's first reply is
+// its first statement's, and the pool never pings a connection before
+// using it, so a fault strikes the call and not a ping.
+func newWirePool(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// readyIdle is PostgreSQL's ReadyForQuery message outside a transaction:
+// the end of the reply that finishes a call's transaction, sent after it
+// committed (or rolled back).
+var readyIdle = []byte{'Z', 0, 0, 0, 5, 'I'}
+
+// wire cuts the actor's connection at the call's first reply (a few bytes
+// of it get through), or drops the reply that ends its transaction.
+func (b *pgBackend) wire(a string, kind faultKind, _ string, f func(Registry) error) (error, bool) {
+	link := b.links[a]
+	// A connection is open before the fault is armed, so the fault strikes
+	// the call rather than a connection's start-up (which also ends with
+	// ReadyForQuery).
+	_ = link.Pool().Ping(context.Background())
+	p := b.proxies[a]
+	if kind == faultWireLost {
+		p.CutReply(readyIdle, 0)
+	} else {
+		p.CutReply(nil, 5)
+	}
+	err := f(link)
+	return err, p.Disarm()
 }
 
 func (b *pgBackend) name() string           { return "postgres" }
@@ -394,30 +480,52 @@ func (b *pgBackend) heal(a string) {
 	b.links[a].Pool().Reset()
 }
 
+// TestFaultMatrixTwin runs every combination against the twin alone and
+// checks the four properties after each; it needs no PostgreSQL.
+// checks P1, P5, P6
+func TestFaultMatrixTwin(t *testing.T) {
+	combos := matrixCombinations()
+	if len(combos) < 1000 {
+		t.Fatalf("only %d combinations", len(combos))
+	}
+	violations := 0
+	for i, c := range combos {
+		tw := runCombination(context.Background(), newTwinBackend(), fmt.Sprintf("matrix/%d", i), c)
+		if !tw.applied {
+			t.Errorf("%s: fault not applied", c)
+		}
+		for _, v := range tw.violations {
+			violations++
+			t.Errorf("twin %s: %s", c, v)
+		}
+	}
+	fmt.Printf("fault matrix, twin alone: combinations: %d violations: %d\n", len(combos), violations)
+}
+
+// matrixPGWorkers run the PostgreSQL half of the matrix side by side, each
+// with its own database, proxies and pools: a combination mostly waits on
+// round trips.
+const matrixPGWorkers = 3
+
 // TestFaultMatrix runs every scenario x durable step x fault x continuation
 // against the twin and against PostgreSQL, checks the four properties after
 // each, and requires both backends to agree. checks P1, P5, P6
 func TestFaultMatrix(t *testing.T) {
 	t.Parallel() // with the benchmark, which mostly waits on latency
-	ctx := context.Background()
 	combos := matrixCombinations()
 	if len(combos) < 1000 {
 		t.Fatalf("only %d combinations", len(combos))
 	}
-	pgb := newPGBackend(t)
 	start := time.Now()
-	var (
-		twinViolations, pgViolations, mismatches, notApplied int
-		twinTime, pgTime                                     time.Duration
-	)
+	twins, twinTime := runMatrixOn(combos, 1, func(int) matrixBackend { return newTwinBackend() })
+	pgbs := make([]*pgBackend, matrixPGWorkers)
+	for i := range pgbs {
+		pgbs[i] = newPGBackend(t)
+	}
+	pgs, pgTime := runMatrixOn(combos, matrixPGWorkers, func(worker int) matrixBackend { return pgbs[worker] })
+	var twinViolations, pgViolations, mismatches, notApplied int
 	for i, c := range combos {
-		topo := fmt.Sprintf("matrix/%d", i)
-		t0 := time.Now()
-		tw := runCombination(ctx, newTwinBackend(), topo, c)
-		t1 := time.Now()
-		pg := runCombination(ctx, pgb, topo, c)
-		twinTime += t1.Sub(t0)
-		pgTime += time.Since(t1)
+		tw, pg := twins[i], pgs[i]
 		if !tw.applied || !pg.applied {
 			notApplied++
 			t.Errorf("%s: fault not applied (twin %v, postgres %v)", c, tw.applied, pg.applied)
@@ -438,8 +546,9 @@ func TestFaultMatrix(t *testing.T) {
 			}
 		}
 	}
-	fmt.Printf("fault matrix: %d scenarios, faults %v, continuations %v; twin %v, postgres %v, total %v\n",
-		len(matrixScenarios), matrixFaults, matrixContinuations, twinTime.Round(time.Millisecond), pgTime.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	fmt.Printf("fault matrix: %d scenarios, faults %v, continuations %v; twin %v, postgres %v (%d workers), total %v\n",
+		len(matrixScenarios), matrixFaults, matrixContinuations, twinTime.Round(time.Millisecond), pgTime.Round(time.Millisecond),
+		matrixPGWorkers, time.Since(start).Round(time.Millisecond))
 	fmt.Printf("twin:     combinations: %d violations: %d\n", len(combos), twinViolations)
 	fmt.Printf("postgres: combinations: %d violations: %d\n", len(combos), pgViolations)
 	fmt.Printf("twin and postgres disagree on %d, fault not applied in %d\n", mismatches, notApplied)
@@ -447,4 +556,30 @@ func TestFaultMatrix(t *testing.T) {
 	if mismatches > 0 {
 		t.Errorf("%d combinations gave different outcomes on the twin and on PostgreSQL", mismatches)
 	}
+}
+
+// runMatrixOn runs every combination with workers goroutines, worker w on
+// backend(w) (called per combination: the twin's is fresh each time, a PG
+// worker's is its own), each combination in its own topology, and returns the
+// outcomes in combination order and the wall time taken.
+func runMatrixOn(combos []combination, workers int, backend func(worker int) matrixBackend) ([]outcome, time.Duration) {
+	start := time.Now()
+	out := make([]outcome, len(combos))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				out[i] = runCombination(context.Background(), backend(w), fmt.Sprintf("matrix/%d", i), combos[i])
+			}
+		}()
+	}
+	for i := range combos {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out, time.Since(start)
 }

@@ -28,6 +28,10 @@ type matrixBackend interface {
 	heal(actor string)
 	// linkDown reports a cut link the backend does not cut for real.
 	linkDown(actor string) bool
+	// wire runs f over the actor's link with a wire fault (faultWireCut
+	// or faultWireLost) armed on its connection, and reports whether the
+	// fault struck the call. what names the call (see multiTrip).
+	wire(actor string, kind faultKind, what string, f func(Registry) error) (err error, struck bool)
 }
 
 var (
@@ -35,6 +39,7 @@ var (
 	errReplyLost = errors.New("reply lost after commit")
 	errLinkDown  = errors.New("connection refused")
 	errCrashed   = errors.New("caller crashed")
+	errWire      = errors.New("connection cut by the wire fault")
 )
 
 // heldToken is a caller's belief: a token and the incarnation it was
@@ -62,8 +67,13 @@ type actor struct {
 	// fence lifted) and delivers nothing until a ConfirmOwned succeeds.
 	localFence bool
 	// fenced: the caller recorded a registry fence and delivers nothing.
-	fenced  bool
-	held    map[string]heldToken
+	fenced bool
+	// fenceGen is the caller's last local fence generation (0 after a join).
+	fenceGen int64
+	held     map[string]heldToken
+	// waiting are units an earlier incarnation holds that ConfirmOwned did
+	// not re-home yet (the re-home grace); the caller confirms again.
+	waiting map[string]bool
 	stopped map[string]bool // handing over or releasing
 	pending int64           // operator: the pending epoch it created
 }
@@ -89,8 +99,8 @@ func (w *world) delivering(a *actor, unit string) bool {
 }
 
 func (a *actor) wipe() {
-	a.lease, a.held, a.stopped = nil, map[string]heldToken{}, map[string]bool{}
-	a.localFence, a.fenced, a.stalled, a.pending = false, false, false, 0
+	a.lease, a.held, a.stopped, a.waiting = nil, map[string]heldToken{}, map[string]bool{}, map[string]bool{}
+	a.localFence, a.fenced, a.stalled, a.pending, a.fenceGen = false, false, false, 0, 0
 }
 
 // world is one combination's run.
@@ -102,18 +112,22 @@ type world struct {
 	actors map[string]*actor
 	seq    int64
 
-	fault        faultKind
-	trace        []string
-	violations   []string
-	tokens       []Token
-	committed    map[string]bool // units whose claim committed at least once
+	fault      faultKind
+	trace      []string
+	violations []string
+	tokens     []Token
+	committed  map[string]bool // units whose claim committed at least once
+	// lost are claim decisions whose reply the caller did not get, by
+	// unit: a repeat by the same incarnation must report them again.
+	lost         map[string]lostClaim
 	summary      string
 	finalClaims  string
 	faultApplied bool
 }
 
 func newWorld(ctx context.Context, be matrixBackend, topo string, sc scenario) (*world, error) {
-	w := &world{ctx: ctx, be: be, topo: topo, actors: map[string]*actor{}, committed: map[string]bool{}}
+	w := &world{ctx: ctx, be: be, topo: topo, actors: map[string]*actor{}, committed: map[string]bool{},
+		lost: map[string]lostClaim{}}
 	for _, n := range []string{"a", "b", "z", "op"} {
 		a := &actor{name: n, member: n != "op", alive: true}
 		a.wipe()
@@ -140,8 +154,11 @@ func (w *world) note(a *actor, what string, err error) {
 
 // do runs one registry call by a, injecting the world's fault when inject
 // is set. committed reports whether the call itself succeeded (so its
-// effects are in the registry), whatever the caller was told.
+// effects are in the registry), whatever the caller was told; after a wire
+// fault nobody knows, and committed is false (callers that need to know
+// re-read the registry).
 func (w *world) do(a *actor, what string, inject bool, f func(r Registry) error) (err error, committed bool) {
+	wire := false
 	if inject {
 		w.faultApplied = true
 		switch w.fault {
@@ -150,11 +167,20 @@ func (w *world) do(a *actor, what string, inject bool, f func(r Registry) error)
 			return errInjected, false
 		case faultConnCut:
 			w.be.cut(a.name)
+		case faultWireCut, faultWireLost:
+			wire = true
 		}
 	}
-	if w.be.linkDown(a.name) {
+	switch {
+	case w.be.linkDown(a.name):
 		err = errLinkDown
-	} else {
+	case wire:
+		var struck bool
+		err, struck = w.be.wire(a.name, w.fault, what, f)
+		if !struck {
+			w.faultApplied = false
+		}
+	default:
 		err = f(w.be.link(a.name))
 	}
 	committed = err == nil
@@ -176,236 +202,21 @@ func (w *world) do(a *actor, what string, inject bool, f func(r Registry) error)
 	return err, committed
 }
 
+// multiTrip says whether PG runs the call as a transaction of several
+// round trips, so a connection cut at its first reply rolls it back; a
+// single statement has committed by the time its first reply is sent.
+// The twin simulates wire faults with it.
+func multiTrip(what string) bool {
+	op, _, _ := strings.Cut(what, " ")
+	switch op {
+	case "join", "claim", "claim-many", "create-pending", "activate":
+		return true
+	}
+	return false
+}
+
 func isLeaseLoss(err error) bool {
 	return errors.Is(err, ErrLeaseExpired) || errors.Is(err, ErrStaleIncarnation) || errors.Is(err, ErrNotMember)
-}
-
-// runStep runs one scenario step; inject applies the fault to it.
-func (w *world) runStep(s step, inject bool) {
-	a := w.actors[s.actor]
-	switch s.op {
-	case opAdvance:
-		w.advance(s.d)
-		return
-	case opStall:
-		a.stalled = true
-		return
-	case opWake:
-		a.stalled = false
-		w.be.heal(a.name)
-		return
-	case opRestart:
-		a.alive = true
-		a.wipe()
-		if !a.member {
-			w.operatorReload(a)
-		}
-		return
-	}
-	if !a.alive || a.stalled || a.left || (a.member && s.op != opJoin && a.lease == nil) {
-		w.trace = append(w.trace, fmt.Sprintf("%s=skip", s))
-		return
-	}
-	switch s.op {
-	case opJoin:
-		w.joinMember(a, inject)
-	case opRenew:
-		w.renewMember(a, inject)
-	case opLeave:
-		err, _ := w.do(a, "leave", inject, func(r Registry) error { return r.Leave(w.ctx, a.ref()) })
-		if err == nil {
-			a.left, a.lease = true, nil
-		}
-	case opFence:
-		a.fenced = true // stop delivering before recording it
-		w.do(a, "fence", inject, func(r Registry) error { return r.Fence(w.ctx, a.ref()) })
-	case opUnfence:
-		err, _ := w.do(a, "unfence", inject, func(r Registry) error { return r.Unfence(w.ctx, a.ref()) })
-		if err == nil {
-			a.fenced, a.localFence = false, true // deliver again only after ConfirmOwned
-		}
-	case opClaim:
-		w.claimAs(a, s.unit, inject)
-	case opHandover:
-		h, ok := a.held[s.unit]
-		if !ok {
-			w.trace = append(w.trace, fmt.Sprintf("%s=skip", s))
-			return
-		}
-		a.stopped[s.unit] = true
-		err, _ := w.do(a, "handover "+s.unit+"->"+s.to, inject, func(r Registry) error { return r.Handover(w.ctx, h.tok, s.to) })
-		if errors.Is(err, ErrStaleEpoch) {
-			delete(a.held, s.unit)
-		}
-	case opRelease:
-		w.releaseAs(a, s.unit, inject)
-	case opConfirm:
-		w.confirmMember(a, inject)
-	case opCheckpoint:
-		if !w.delivering(a, s.unit) {
-			w.trace = append(w.trace, fmt.Sprintf("%s=skip", s))
-			return
-		}
-		w.seq++
-		h := a.held[s.unit]
-		err, _ := w.do(a, "checkpoint "+s.unit, inject, func(r Registry) error { return r.Checkpoint(w.ctx, h.tok, w.seq) })
-		if errors.Is(err, ErrStaleEpoch) {
-			delete(a.held, s.unit)
-		}
-	case opAck:
-		snap, err := w.be.raw().Snapshot(w.ctx, w.topo)
-		if err != nil || snap.Pending == nil {
-			w.trace = append(w.trace, a.name+" ack-freeze=skip")
-			return
-		}
-		w.do(a, "ack-freeze", inject, func(r Registry) error { return r.AckFreeze(w.ctx, a.ref(), snap.Pending.Number) })
-	case opCreatePending:
-		var e int64
-		err, _ := w.do(a, "create-pending", inject, func(r Registry) (err error) {
-			e, err = r.CreatePending(w.ctx, w.topo, s.shape[0], s.shape[1])
-			return err
-		})
-		if err == nil {
-			a.pending = e
-		}
-	case opActivate:
-		if a.pending == 0 {
-			w.trace = append(w.trace, "op activate=skip")
-			return
-		}
-		err, _ := w.do(a, "activate", inject, func(r Registry) error { return r.Activate(w.ctx, w.topo, a.pending) })
-		if err == nil {
-			a.pending = 0
-		}
-	default:
-		panic("unknown step " + s.String())
-	}
-}
-
-// operatorReload is the operator rebuilding its state from the registry.
-func (w *world) operatorReload(a *actor) {
-	if s, err := w.be.raw().Snapshot(w.ctx, w.topo); err == nil && s.Pending != nil {
-		a.pending = s.Pending.Number
-	}
-}
-
-func (w *world) joinMember(a *actor, inject bool) {
-	a.joined = true
-	sent := w.localNow(a)
-	var l Lease
-	err, _ := w.do(a, "join", inject, func(r Registry) (err error) {
-		l, err = r.Join(w.ctx, w.topo, a.name)
-		return err
-	})
-	if err == nil {
-		a.lease, a.sentAt, a.left = &l, sent, false
-	}
-}
-
-func (w *world) renewMember(a *actor, inject bool) error {
-	sent := w.localNow(a)
-	err, _ := w.do(a, "renew", inject, func(r Registry) error {
-		_, err := r.Renew(w.ctx, a.ref())
-		return err
-	})
-	switch {
-	case err == nil && a.lease != nil:
-		a.sentAt = sent
-	case isLeaseLoss(err):
-		a.localFence = true
-	}
-	return err
-}
-
-func (w *world) confirmMember(a *actor, inject bool) {
-	expected := map[string]int64{}
-	for u, h := range a.held {
-		expected[u] = h.tok.Epoch
-	}
-	var c Confirmation
-	err, committed := w.do(a, "confirm", inject, func(r Registry) (err error) {
-		c, err = r.ConfirmOwned(w.ctx, a.ref(), expected)
-		return err
-	})
-	if committed {
-		for _, t := range c.Held {
-			w.tokens = append(w.tokens, t)
-		}
-	}
-	if err != nil || !a.alive {
-		if isLeaseLoss(err) {
-			a.localFence = true
-		}
-		return
-	}
-	a.held, a.stopped = map[string]heldToken{}, map[string]bool{}
-	for u, t := range c.Held {
-		a.held[u] = heldToken{tok: t, inc: a.lease.Incarnation}
-	}
-	for _, u := range c.Handover {
-		a.stopped[u] = true
-	}
-	if w.localNow(a) < a.deadline() {
-		a.localFence = false
-	}
-}
-
-// claimAs claims unit for a under the active epoch, and checks P5 on any
-// adoption against the registry's state just before.
-func (w *world) claimAs(a *actor, unit string, inject bool) error {
-	before, err := w.be.raw().Snapshot(w.ctx, w.topo)
-	if err != nil {
-		w.violate("snapshot before claim: %v", err)
-		return err
-	}
-	var under int64
-	if before.Active != nil {
-		under = before.Active.Number
-	}
-	var c Claim
-	err, committed := w.do(a, "claim "+unit, inject, func(r Registry) (err error) {
-		c, err = r.Claim(w.ctx, a.ref(), under, unit)
-		return err
-	})
-	if committed {
-		w.committed[unit] = true
-		w.tokens = append(w.tokens, c.Token)
-		if c.Adopted {
-			w.checkAdoption(a, c, before)
-		}
-	}
-	if err == nil && a.alive {
-		a.held[unit] = heldToken{tok: c.Token, inc: a.lease.Incarnation}
-		delete(a.stopped, unit)
-	}
-	return err
-}
-
-// checkAdoption verifies P5 for one adoption. checks P5
-func (w *world) checkAdoption(a *actor, c Claim, before Snapshot) {
-	grace := before.Params.Grace
-	if from := before.Member(c.From); from == nil || c.At.Before(from.LeaseExpiresAt.Add(grace)) {
-		w.violate("P5: %s adopted %s from %s before its lease expiry plus grace", a.name, c.Unit, c.From)
-	}
-	if me := before.Member(a.name); me == nil || me.Fenced ||
-		(!me.FenceLiftedAt.IsZero() && c.At.Before(me.FenceLiftedAt.Add(grace))) {
-		w.violate("P5: %s adopted %s while fenced or within the grace after its fence lifted", a.name, c.Unit)
-	}
-}
-
-func (w *world) releaseAs(a *actor, unit string, inject bool) error {
-	h, ok := a.held[unit]
-	if !ok {
-		w.trace = append(w.trace, a.name+" release "+unit+"=skip")
-		return nil
-	}
-	a.stopped[unit] = true // stop delivering before giving it up
-	err, _ := w.do(a, "release "+unit, inject, func(r Registry) error { return r.Release(w.ctx, h.tok) })
-	if err == nil || errors.Is(err, ErrStaleEpoch) {
-		delete(a.held, unit)
-		delete(a.stopped, unit)
-	}
-	return err
 }
 
 // recover is a caller coming back after a fault: renew or rejoin, then
@@ -472,7 +283,7 @@ func (w *world) advance(d time.Duration) {
 			case isLeaseLoss(err):
 				a.lease = nil
 				w.recover(a)
-			case err == nil && a.localFence:
+			case err == nil && (a.localFence || len(a.waiting) > 0):
 				w.confirmMember(a, false)
 			}
 			if a.name == "z" && a.lease != nil {
@@ -524,6 +335,8 @@ func errClass(err error) string {
 		return "reply-lost"
 	case errors.Is(err, errCrashed):
 		return "crashed"
+	case errors.Is(err, errWire):
+		return "net"
 	case errors.As(err, &he):
 		return "held/" + string(he.Reason)
 	case errors.As(err, &se):
@@ -532,7 +345,7 @@ func errClass(err error) string {
 		return "sql/" + pe.Code + "/" + pe.Message
 	}
 	for _, s := range []error{ErrUnknownTopology, ErrNotMember, ErrStaleIncarnation, ErrLeaseExpired, ErrFenced,
-		ErrNoActiveEpoch, ErrEpochMoved, ErrFrozen, ErrUnitOutOfRange, ErrStillHolding, ErrPendingExists,
+		ErrDraining, ErrNoActiveEpoch, ErrEpochMoved, ErrFrozen, ErrUnitOutOfRange, ErrStillHolding, ErrPendingExists,
 		ErrEpochState, ErrFreezeIncomplete, ErrConflict, ErrInvalid} {
 		if errors.Is(err, s) {
 			return s.Error()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,6 +21,55 @@ type Config struct {
 	MaxConns int32
 	// SkipMigrate leaves the schema alone (workers); the operator migrates.
 	SkipMigrate bool
+
+	// The server enforces three timeouts on every connection, so no
+	// client, however stuck, holds the registry up. Zero means the default
+	// named; negative leaves the server's own setting.
+	//
+	// StatementTimeout (default 30s) ends any statement that runs longer:
+	// far above every query bound, it only catches pathological plans
+	// whose caller gave up long ago but whose locks would stay.
+	StatementTimeout time.Duration
+	// LockTimeout (default 5s) fails a statement that waits longer for a
+	// lock, with an error the caller retries, instead of queueing every
+	// later claim behind a stuck lock holder.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout (default 10s) ends a session that sits
+	// inside a transaction without sending anything. A worker SIGSTOPped or
+	// cut off mid-transaction holds FOR SHARE locks on member and epoch
+	// rows; without this, Activate (which updates the epoch row) and the
+	// member's rejoin would wait for it forever.
+	IdleInTransactionTimeout time.Duration
+}
+
+// Default session timeouts (see Config).
+const (
+	DefaultStatementTimeout         = 30 * time.Second
+	DefaultLockTimeout              = 5 * time.Second
+	DefaultIdleInTransactionTimeout = 10 * time.Second
+)
+
+// runtimeParams are the session settings Open sends with every connection.
+func (cfg Config) runtimeParams() map[string]string {
+	out := map[string]string{}
+	for _, s := range []struct {
+		name string
+		d    time.Duration
+		def  time.Duration
+	}{
+		{"statement_timeout", cfg.StatementTimeout, DefaultStatementTimeout},
+		{"lock_timeout", cfg.LockTimeout, DefaultLockTimeout},
+		{"idle_in_transaction_session_timeout", cfg.IdleInTransactionTimeout, DefaultIdleInTransactionTimeout},
+	} {
+		d := s.d
+		if d == 0 {
+			d = s.def
+		}
+		if d > 0 {
+			out[s.name] = strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+		}
+	}
+	return out
 }
 
 // PG is the PostgreSQL registry.
@@ -28,9 +78,13 @@ type PG struct {
 	owned bool
 }
 
-var _ Registry = (*PG)(nil)
+var (
+	_ Registry      = (*PG)(nil)
+	_ HistoryReader = (*PG)(nil)
+)
 
-// Open connects with cfg and, unless cfg.SkipMigrate, migrates the schema.
+// Open connects with cfg, with the session timeouts on every connection,
+// and, unless cfg.SkipMigrate, migrates the schema.
 func Open(ctx context.Context, cfg Config) (*PG, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
@@ -39,6 +93,9 @@ func Open(ctx context.Context, cfg Config) (*PG, error) {
 	}
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = cfg.MaxConns
+	}
+	for k, v := range cfg.runtimeParams() {
+		pc.ConnConfig.RuntimeParams[k] = v
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -67,12 +124,13 @@ func (p *PG) Close() {
 }
 
 // ShiftClock moves the topology's registry clock forward by d. It is a
-// test hook (see ClockShifter); production never calls it.
+// test hook (see ClockShifter): the schema refuses it unless the session
+// has shardkeeper.test_clock on, which only test databases set.
 func (p *PG) ShiftClock(ctx context.Context, topology string, d time.Duration) error {
 	tag, err := p.pool.Exec(ctx,
 		"UPDATE shardkeeper.topologies SET clock_offset = clock_offset + $2 WHERE topology = $1", topology, d)
 	if err != nil {
-		return fmt.Errorf("shift clock of %s: %w", topology, err)
+		return fmt.Errorf("shift clock of %s (a test hook): %w", topology, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
@@ -104,11 +162,19 @@ func (p *PG) EnsureTopology(ctx context.Context, topology string, prm Params) er
 	return nil
 }
 
+// memberColCount and claimColCount are how many columns memberCols and
+// claimCols select, for statements that pad with NULLs.
+const (
+	memberColCount = 10
+	claimColCount  = 11
+)
+
 // memberCols selects a possibly absent member row from alias a, as
 // memberScan expects it.
 func memberCols(a string) string {
 	return fmt.Sprintf(`%[1]s.member, coalesce(%[1]s.slot, -1), %[1]s.incarnation, %[1]s.lease_expires_at,
-		%[1]s.left_at IS NOT NULL, %[1]s.fenced, %[1]s.fence_lifted_at`, a)
+		%[1]s.left_at IS NOT NULL, %[1]s.fenced, %[1]s.fence_lifted_at, %[1]s.fence_gen, %[1]s.draining,
+		%[1]s.prev_lease_expires_at`, a)
 }
 
 // memberScan holds a possibly absent member row while scanning.
@@ -120,19 +186,27 @@ type memberScan struct {
 	left        *bool
 	fenced      *bool
 	lifted      *time.Time
+	fenceGen    *int64
+	draining    *bool
+	prevExpires *time.Time
 }
 
 func (s *memberScan) dest() []any {
-	return []any{&s.name, &s.slot, &s.incarnation, &s.expires, &s.left, &s.fenced, &s.lifted}
+	return []any{&s.name, &s.slot, &s.incarnation, &s.expires, &s.left, &s.fenced, &s.lifted, &s.fenceGen,
+		&s.draining, &s.prevExpires}
 }
 
 func (s *memberScan) row() *memberRow {
 	if s.name == nil {
 		return nil
 	}
-	m := &memberRow{Name: *s.name, Slot: *s.slot, Incarnation: *s.incarnation, LeaseExpiresAt: *s.expires, Left: *s.left, Fenced: *s.fenced}
+	m := &memberRow{Name: *s.name, Slot: *s.slot, Incarnation: *s.incarnation, LeaseExpiresAt: *s.expires,
+		Left: *s.left, Fenced: *s.fenced, FenceGen: *s.fenceGen, Draining: *s.draining}
 	if s.lifted != nil {
 		m.FenceLiftedAt = *s.lifted
+	}
+	if s.prevExpires != nil {
+		m.PrevLeaseExpiresAt = *s.prevExpires
 	}
 	return m
 }
@@ -141,7 +215,8 @@ func (s *memberScan) row() *memberRow {
 // expects it.
 func claimCols(a string) string {
 	return fmt.Sprintf(`%[1]s.unit, coalesce(%[1]s.owner, ''), coalesce(%[1]s.owner_incarnation, 0), %[1]s.fencing_epoch,
-		%[1]s.state, coalesce(%[1]s.handover_to, ''), %[1]s.checkpoint_seq`, a)
+		%[1]s.state, coalesce(%[1]s.handover_to, ''), %[1]s.checkpoint_seq, coalesce(%[1]s.adopted_from, ''),
+		%[1]s.rehomed, coalesce(%[1]s.last_op, ''), coalesce(%[1]s.under_epoch, 0)`, a)
 }
 
 // claimScan holds a possibly absent claim row while scanning.
@@ -153,10 +228,14 @@ type claimScan struct {
 	state    *string
 	handover *string
 	seq      *int64
+	from     *string
+	rehomed  *bool
+	op       *string
+	under    *int64
 }
 
 func (s *claimScan) dest() []any {
-	return []any{&s.unit, &s.owner, &s.inc, &s.epoch, &s.state, &s.handover, &s.seq}
+	return []any{&s.unit, &s.owner, &s.inc, &s.epoch, &s.state, &s.handover, &s.seq, &s.from, &s.rehomed, &s.op, &s.under}
 }
 
 func (s *claimScan) row() *claimRow {
@@ -164,7 +243,8 @@ func (s *claimScan) row() *claimRow {
 		return nil
 	}
 	return &claimRow{Unit: *s.unit, Owner: *s.owner, OwnerIncarnation: *s.inc, Epoch: *s.epoch,
-		State: ClaimState(*s.state), HandoverTo: *s.handover, CheckpointSeq: *s.seq}
+		State: ClaimState(*s.state), HandoverTo: *s.handover, CheckpointSeq: *s.seq,
+		AdoptedFrom: *s.from, Rehomed: *s.rehomed, LastOp: claimOp(*s.op), UnderEpoch: *s.under}
 }
 
 // scanAll concatenates scan destinations.
@@ -196,7 +276,7 @@ func IsConnectionError(err error) bool {
 
 func isRuleError(err error) bool {
 	for _, e := range []error{ErrUnknownTopology, ErrNotMember, ErrStaleIncarnation, ErrLeaseExpired, ErrFenced,
-		ErrNoActiveEpoch, ErrEpochMoved, ErrFrozen, ErrUnitOutOfRange, ErrHeld, ErrStaleEpoch, ErrStillHolding,
+		ErrDraining, ErrNoActiveEpoch, ErrEpochMoved, ErrFrozen, ErrUnitOutOfRange, ErrHeld, ErrStaleEpoch, ErrStillHolding,
 		ErrPendingExists, ErrEpochState, ErrFreezeIncomplete, ErrConflict, ErrInvalid, ErrSchemaTooNew} {
 		if errors.Is(err, e) {
 			return true

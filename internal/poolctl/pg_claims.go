@@ -2,214 +2,243 @@ package poolctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// claimReadSQL reads, with locks, everything decideClaim needs: the claim
-// row FOR UPDATE; the claimer's and the owner's member rows and the active
-// epoch FOR SHARE, so a rejoin of the owner, a fence of the claimer or an
-// activation of the next epoch waits until this claim commits.
+// A batch of claims is one transaction of two round trips once its
+// statements are prepared, whatever the number of units: BEGIN and the
+// read go in one pipeline, the rules decide in Go, and the write and
+// COMMIT go in another.
+
+// claimReadSQL reads, with locks, everything decideBatch needs: the claim
+// rows FOR UPDATE in unit order (so concurrent batches lock in one order
+// and cannot deadlock); the claimer's and the owners' member rows and the
+// active epoch FOR SHARE, so a rejoin of an owner, a fence of the claimer
+// or an activation of the next epoch waits until the batch commits (P2).
+// Each part comes back as its own kind of row, so every locking CTE is
+// read to the end.
 var claimReadSQL = `
 	WITH t AS (SELECT shardkeeper.clock(topology) AS now, grace FROM shardkeeper.topologies WHERE topology = $1),
-	c AS (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = $2 FOR UPDATE),
-	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $3 FOR SHARE),
-	ow AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = (SELECT owner FROM c) FOR SHARE),
-	ae AS (SELECT * FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active' FOR SHARE),
-	pe AS (SELECT count(*) AS n FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending')
-	SELECT t.now, t.grace, pe.n > 0, ae.epoch, ae.partitions, ae.shards,
-		` + memberCols("me") + `, ` + claimCols("c") + `, ` + memberCols("ow") + `
-	  FROM t CROSS JOIN pe LEFT JOIN ae ON true LEFT JOIN me ON true LEFT JOIN c ON true LEFT JOIN ow ON true`
+	me AS MATERIALIZED (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2 FOR SHARE),
+	ae AS MATERIALIZED (SELECT * FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active' FOR SHARE),
+	pe AS (SELECT count(*) AS n FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending'),
+	c AS MATERIALIZED (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = ANY($3::text[]) ORDER BY unit FOR UPDATE),
+	ow AS MATERIALIZED (SELECT * FROM shardkeeper.members
+	                     WHERE topology = $1 AND member IN (SELECT owner FROM c) ORDER BY member FOR SHARE),
+	ru AS (SELECT unit FROM shardkeeper.retiring_units WHERE topology = $1 AND unit = ANY($3::text[]))
+	SELECT 'head', t.now, t.grace, pe.n > 0, ae.epoch, ae.partitions, ae.shards, ` + memberCols("me") + `,
+	       ` + nulls(claimColCount) + `, NULL
+	  FROM t CROSS JOIN pe LEFT JOIN ae ON true LEFT JOIN me ON true
+	UNION ALL
+	SELECT 'claim', ` + nulls(6+memberColCount) + `, ` + claimCols("c") + `, NULL FROM c
+	UNION ALL
+	SELECT 'owner', ` + nulls(6) + `, ` + memberCols("ow") + `, ` + nulls(claimColCount) + `, NULL FROM ow
+	UNION ALL
+	SELECT 'retiring', ` + nulls(6+memberColCount+claimColCount) + `, ru.unit FROM ru`
 
-// Claim implements Registry: one transaction that reads with locks,
-// applies decideClaim, and writes with a compare-and-set on the epoch.
+// claimWriteSQL writes every decided unit in one statement, each row a
+// compare-and-set on the epoch it was decided at: a new row only where
+// none exists, an update only where the epoch is still the one below the
+// decided epoch (every decision raises it by exactly one).
+const claimWriteSQL = `
+	INSERT INTO shardkeeper.claims AS cl (topology, unit, owner, owner_incarnation, fencing_epoch, state,
+	                                      adopted_from, rehomed, last_op, under_epoch, updated_at)
+	SELECT $1, w.unit, $2, $3, w.epoch, 'held', nullif(w.adopted_from, ''), w.rehomed, w.op, $4, $5
+	  FROM unnest($6::text[], $7::bigint[], $8::text[], $9::boolean[], $10::text[]) AS w(unit, epoch, adopted_from, rehomed, op)
+	 ORDER BY w.unit
+	ON CONFLICT (topology, unit) DO UPDATE
+	   SET owner = excluded.owner, owner_incarnation = excluded.owner_incarnation, fencing_epoch = excluded.fencing_epoch,
+	       state = 'held', handover_to = NULL, adopted_from = excluded.adopted_from, rehomed = excluded.rehomed,
+	       last_op = excluded.last_op, under_epoch = excluded.under_epoch, updated_at = excluded.updated_at
+	 WHERE cl.fencing_epoch = excluded.fencing_epoch - 1
+	RETURNING cl.unit`
+
+// Claim implements Registry as a batch of one unit, so single and batch
+// claims share one code path.
 func (p *PG) Claim(ctx context.Context, m MemberRef, under int64, unit string) (Claim, error) {
-	var out Claim
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		var (
-			in                claimInput
-			epoch             *int64
-			partitions, shard *int
-			me, ow            memberScan
-			c                 claimScan
-		)
-		err := tx.QueryRow(ctx, claimReadSQL, m.Topology, unit, m.Member).Scan(scanAll(
-			[]any{&in.Now, &in.Grace, &in.Pending, &epoch, &partitions, &shard}, me.dest(), c.dest(), ow.dest())...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("topology %q: %w", m.Topology, ErrUnknownTopology)
-		} else if err != nil {
-			return err
-		}
-		if epoch != nil {
-			in.Active = &epochRow{Number: *epoch, Partitions: *partitions, Shards: *shard, State: EpochActive}
-		}
-		in.Claimer, in.Row, in.Owner = me.row(), c.row(), ow.row()
-		d, err := decideClaim(m, under, unit, in)
-		if err != nil {
-			return err
-		}
-		var seq int64
-		if in.Row != nil {
-			seq = in.Row.CheckpointSeq
-		}
-		out = Claim{
-			Token:   Token{Topology: m.Topology, Unit: unit, Member: m.Member, Epoch: d.NewEpoch},
-			Adopted: d.Adopted, Settled: d.Settled, From: d.From, CheckpointSeq: seq, At: in.Now,
-		}
-		switch {
-		case d.Noop:
-			return nil
-		case d.Insert:
-			tag, err := tx.Exec(ctx, `
-				INSERT INTO shardkeeper.claims (topology, unit, owner, owner_incarnation, fencing_epoch, state, updated_at)
-				VALUES ($1, $2, $3, $4, 1, 'held', $5) ON CONFLICT DO NOTHING`,
-				m.Topology, unit, m.Member, m.Incarnation, in.Now)
-			if err != nil {
-				return err
-			}
-			if tag.RowsAffected() == 0 {
-				return ErrConflict
-			}
-		default:
-			tag, err := tx.Exec(ctx, `
-				UPDATE shardkeeper.claims
-				   SET owner = $3, owner_incarnation = $4, fencing_epoch = $6, state = 'held', handover_to = NULL, updated_at = $7
-				 WHERE topology = $1 AND unit = $2 AND fencing_epoch = $5`,
-				m.Topology, unit, m.Member, m.Incarnation, in.Row.Epoch, d.NewEpoch, in.Now)
-			if err != nil {
-				return err
-			}
-			if tag.RowsAffected() == 0 {
-				return ErrConflict
-			}
-		}
-		return nil
-	})
+	return claimOne(ctx, p, m, under, unit)
+}
+
+// claimOne is Claim through ClaimMany, for both backends.
+func claimOne(ctx context.Context, r Registry, m MemberRef, under int64, unit string) (Claim, error) {
+	outs, err := r.ClaimMany(ctx, m, under, []string{unit})
 	if err != nil {
-		return Claim{}, fmt.Errorf("claim %s for %s: %w", unit, m.Member, err)
+		return Claim{}, err
 	}
-	return out, nil
+	return outs[0].Claim, outs[0].Err
 }
 
-// Handover implements Registry in one statement.
-func (p *PG) Handover(ctx context.Context, t Token, to string) error {
-	if to == t.Member {
-		return fmt.Errorf("handover %s to its owner: %w", t.Unit, ErrInvalid)
+// ClaimMany implements Registry in one transaction of two pipelines.
+func (p *PG) ClaimMany(ctx context.Context, m MemberRef, under int64, units []string) ([]ClaimOutcome, error) {
+	if len(units) == 0 {
+		return []ClaimOutcome{}, nil
 	}
-	return p.giveUp(ctx, t, "handover", `state = 'handover', handover_to = nullif($5, '')`, to)
-}
-
-// Release implements Registry in one statement. The row stays, free, with
-// its epoch.
-func (p *PG) Release(ctx context.Context, t Token) error {
-	return p.giveUp(ctx, t, "release",
-		`state = 'free', owner = NULL, owner_incarnation = NULL, handover_to = nullif($5, '')`, "")
-}
-
-// giveUp updates the claim with set (a constant) when the token's owner
-// and epoch still hold it. set must use $5 (arg, text).
-func (p *PG) giveUp(ctx context.Context, t Token, op, set string, arg string) error {
-	var (
-		now  *time.Time
-		done *int
-		c    claimScan
-	)
-	err := p.pool.QueryRow(ctx, `
-		WITH t AS (SELECT shardkeeper.clock($1) AS now),
-		c AS (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = $2),
-		upd AS (
-			UPDATE shardkeeper.claims cl SET `+set+`, updated_at = t.now FROM t
-			 WHERE cl.topology = $1 AND cl.unit = $2 AND cl.owner = $3 AND cl.fencing_epoch = $4 AND cl.state <> 'free'
-			RETURNING 1 AS done)
-		SELECT t.now, upd.done, `+claimCols("c")+` FROM t LEFT JOIN c ON true LEFT JOIN upd ON true`,
-		t.Topology, t.Unit, t.Member, t.Epoch, arg).Scan(scanAll([]any{&now, &done}, c.dest())...)
+	distinct := distinctUnits(units)
+	outs, err := p.claimBatch(ctx, m, under, distinct)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", op, t.Unit, err)
+		return nil, fmt.Errorf("claim %s for %s: %w", batchLabel(distinct), m.Member, err)
 	}
-	if err := topologyErr(t.Topology, now); err != nil {
-		return err
-	}
-	if done == nil {
-		return fmt.Errorf("%s: %w", op, refusal(givesUp(t, c.row())))
-	}
-	return nil
+	return outcomesInOrder(units, outs), nil
 }
 
-// tokenReadSQL reads the claim row and its owner's member row.
-var tokenReadSQL = `
-	WITH t AS (SELECT shardkeeper.clock($1) AS now),
-	c AS (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = $2),
-	ow AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = (SELECT owner FROM c))`
-
-// Checkpoint implements Registry: a guarded write in one statement.
-func (p *PG) Checkpoint(ctx context.Context, t Token, seq int64) error {
-	var (
-		now  *time.Time
-		done *int
-		c    claimScan
-		ow   memberScan
-	)
-	err := p.pool.QueryRow(ctx, tokenReadSQL+`,
-		upd AS (
-			UPDATE shardkeeper.claims cl SET checkpoint_seq = greatest(cl.checkpoint_seq, $5), updated_at = t.now
-			  FROM t, shardkeeper.members m
-			 WHERE cl.topology = $1 AND cl.unit = $2 AND cl.owner = $3 AND cl.fencing_epoch = $4 AND cl.state <> 'free'
-			   AND m.topology = cl.topology AND m.member = cl.owner AND m.incarnation = cl.owner_incarnation
-			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
-			RETURNING 1 AS done)
-		SELECT t.now, upd.done, `+claimCols("c")+`, `+memberCols("ow")+`
-		  FROM t LEFT JOIN c ON true LEFT JOIN ow ON true LEFT JOIN upd ON true`,
-		t.Topology, t.Unit, t.Member, t.Epoch, seq).Scan(scanAll([]any{&now, &done}, c.dest(), ow.dest())...)
+func (p *PG) claimBatch(ctx context.Context, m MemberRef, under int64, units []string) (map[string]ClaimOutcome, error) {
+	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("checkpoint %s: %w", t.Unit, err)
+		return nil, err
 	}
-	if err := topologyErr(t.Topology, now); err != nil {
-		return err
-	}
-	if done == nil {
-		return fmt.Errorf("checkpoint: %w", refusal(tokenValid(t, c.row(), ow.row(), *now)))
-	}
-	return nil
-}
-
-// CheckToken implements Registry in one statement, without locks: it says
-// what was true when it ran. Sinks in this database use GuardedExec.
-func (p *PG) CheckToken(ctx context.Context, t Token) error {
-	return readToken(ctx, p.pool, t)
-}
-
-// Claims implements Registry.
-func (p *PG) Claims(ctx context.Context, topology string) ([]ClaimInfo, error) {
-	rows, err := p.pool.Query(ctx, `
-		SELECT `+claimCols("c")+` FROM shardkeeper.topologies t
-		  LEFT JOIN shardkeeper.claims c ON c.topology = t.topology WHERE t.topology = $1`, topology)
+	// A connection left inside a transaction (a failed pipeline whose
+	// ROLLBACK did not get through) is destroyed by the pool on release.
+	defer conn.Release()
+	v, err := readClaimView(ctx, conn, m, units)
 	if err != nil {
-		return nil, fmt.Errorf("list claims of %s: %w", topology, err)
+		rollback(ctx, conn)
+		return nil, err
 	}
+	outs, writes := decideBatch(m, under, units, v)
+	written, err := writeClaims(ctx, conn, m, under, v.Now, writes)
+	if err != nil {
+		rollback(ctx, conn)
+		return nil, err
+	}
+	for _, w := range writes {
+		if !written[w.Unit] {
+			conflicted(outs, m, w.Unit)
+		}
+	}
+	return outs, nil
+}
+
+// readClaimView begins the transaction and reads the view, in one pipeline.
+func readClaimView(ctx context.Context, conn *pgxpool.Conn, m MemberRef, units []string) (claimView, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(claimReadSQL, m.Topology, m.Member, units)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return claimView{}, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return claimView{}, err
+	}
+	v := claimView{Rows: map[string]*claimRow{}, Owners: map[string]*memberRow{}, Retiring: map[string]bool{}}
 	found := false
-	out := []ClaimInfo{}
 	for rows.Next() {
-		found = true
-		var c claimScan
-		if err := rows.Scan(c.dest()...); err != nil {
+		head, err := scanClaimViewRow(rows, &v)
+		if err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("list claims of %s: %w", topology, err)
+			return claimView{}, err
 		}
-		if row := c.row(); row != nil {
-			out = append(out, ClaimInfo{Unit: row.Unit, Owner: row.Owner, OwnerIncarnation: row.OwnerIncarnation, Epoch: row.Epoch,
-				State: row.State, HandoverTo: row.HandoverTo, CheckpointSeq: row.CheckpointSeq})
-		}
+		found = found || head
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list claims of %s: %w", topology, err)
+		return claimView{}, err
 	}
 	if !found {
-		return nil, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
+		return claimView{}, fmt.Errorf("topology %q: %w", m.Topology, ErrUnknownTopology)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Unit < out[j].Unit })
-	return out, nil
+	return v, br.Close()
+}
+
+// scanClaimViewRow adds one row of claimReadSQL to v; head reports the
+// header row (the topology exists).
+func scanClaimViewRow(rows pgx.Rows, v *claimView) (head bool, err error) {
+	var (
+		kind              string
+		now               *time.Time
+		grace             *time.Duration
+		pending           *bool
+		epoch             *int64
+		partitions, shard *int
+		ms                memberScan
+		cs                claimScan
+		retiring          *string
+	)
+	if err := rows.Scan(scanAll([]any{&kind, &now, &grace, &pending, &epoch, &partitions, &shard},
+		ms.dest(), cs.dest(), []any{&retiring})...); err != nil {
+		return false, err
+	}
+	switch kind {
+	case "head":
+		v.Now, v.Grace, v.Pending, v.Claimer = *now, *grace, *pending, ms.row()
+		if epoch != nil {
+			v.Active = &epochRow{Number: *epoch, Partitions: *partitions, Shards: *shard, State: EpochActive}
+		}
+		return true, nil
+	case "claim":
+		row := cs.row()
+		v.Rows[row.Unit] = row
+	case "owner":
+		row := ms.row()
+		v.Owners[row.Name] = row
+	case "retiring":
+		v.Retiring[*retiring] = true
+	}
+	return false, nil
+}
+
+// writeClaims writes the decided units and commits, in one pipeline, and
+// returns the units whose compare-and-set applied.
+func writeClaims(ctx context.Context, conn *pgxpool.Conn, m MemberRef, under int64, now time.Time, writes []claimWrite) (map[string]bool, error) {
+	b := &pgx.Batch{}
+	if len(writes) > 0 {
+		var (
+			units, from, ops []string
+			epochs           []int64
+			rehomed          []bool
+		)
+		for _, w := range writes {
+			units, epochs = append(units, w.Unit), append(epochs, w.Decision.NewEpoch)
+			row := w.Decision.claimed(m, under, w.Unit, w.Prev)
+			from, rehomed, ops = append(from, row.AdoptedFrom), append(rehomed, row.Rehomed), append(ops, string(row.LastOp))
+		}
+		b.Queue(claimWriteSQL, m.Topology, m.Member, m.Incarnation, under, now, units, epochs, from, rehomed, ops)
+	}
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	written := map[string]bool{}
+	if len(writes) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var u string
+			if err := rows.Scan(&u); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			written[u] = true
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	return written, br.Close()
+}
+
+// rollback ends a failed batch's transaction. If it cannot (the connection
+// broke), the pool destroys the connection on release.
+func rollback(ctx context.Context, conn *pgxpool.Conn) {
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(ctx, "ROLLBACK")
+}
+
+// nulls is n untyped NULL columns.
+func nulls(n int) string {
+	return strings.TrimSuffix(strings.Repeat("NULL, ", n), ", ")
 }

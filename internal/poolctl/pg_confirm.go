@@ -8,19 +8,28 @@ import (
 )
 
 // confirmSQL is ConfirmOwned's single statement. It checks the member's
-// lease, re-homes claims of earlier incarnations onto this one (raising
-// their epochs, so older tokens go stale), and returns one member row, one
-// row per held claim and one row per expected unit no longer held.
-const confirmSQL = `
-	WITH t AS (SELECT shardkeeper.clock($1) AS now),
+// lease and, when mayRehome allows (the same condition in SQL: no earlier
+// incarnation may still be delivering), re-homes claims of earlier
+// incarnations onto this one, raising their epochs so older tokens go
+// stale; it locks them in unit order first, as claim batches do. It
+// returns one member row, one row per held claim, one per claim still
+// waiting for the re-home grace, and one per expected unit no longer held.
+var confirmSQL = `
+	WITH t AS (SELECT shardkeeper.clock(topology) AS now, grace FROM shardkeeper.topologies WHERE topology = $1),
 	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 	ok AS (SELECT 1 FROM me, t WHERE me.incarnation = $3 AND me.left_at IS NULL AND me.lease_expires_at > t.now),
+	may AS (SELECT 1 FROM me, t WHERE me.prev_lease_expires_at IS NULL OR me.prev_lease_expires_at + t.grace <= t.now),
+	lk AS MATERIALIZED (
+		SELECT c.unit FROM shardkeeper.claims c
+		 WHERE EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM may)
+		   AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free' AND c.owner_incarnation <> $3
+		 ORDER BY c.unit FOR UPDATE),
 	rehome AS (
 		UPDATE shardkeeper.claims c
-		   SET owner_incarnation = $3, fencing_epoch = c.fencing_epoch + 1, updated_at = t.now
-		  FROM t
-		 WHERE EXISTS (SELECT 1 FROM ok) AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free'
-		   AND c.owner_incarnation <> $3
+		   SET owner_incarnation = $3, fencing_epoch = c.fencing_epoch + 1, adopted_from = $2, rehomed = true,
+		       last_op = 'rehome', under_epoch = NULL, updated_at = t.now
+		  FROM t, lk
+		 WHERE c.topology = $1 AND c.unit = lk.unit AND c.owner = $2 AND c.state <> 'free' AND c.owner_incarnation <> $3
 		RETURNING c.unit, c.fencing_epoch, c.state),
 	held AS (
 		SELECT unit, fencing_epoch, state FROM rehome
@@ -28,18 +37,22 @@ const confirmSQL = `
 		SELECT c.unit, c.fencing_epoch, c.state FROM shardkeeper.claims c
 		 WHERE EXISTS (SELECT 1 FROM ok) AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free'
 		   AND c.owner_incarnation = $3),
+	waiting AS (
+		SELECT c.unit, c.fencing_epoch, c.state FROM shardkeeper.claims c
+		 WHERE EXISTS (SELECT 1 FROM ok) AND NOT EXISTS (SELECT 1 FROM may)
+		   AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free' AND c.owner_incarnation <> $3),
 	want AS (SELECT * FROM unnest($4::text[], $5::bigint[]) AS w(unit, epoch))
 	SELECT 'member' AS kind, NULL::text AS unit, NULL::bigint AS expected, NULL::bigint AS epoch, NULL::text AS state,
-	       NULL::text AS owner, t.now, ` + `me.member, coalesce(me.slot, -1), me.incarnation, me.lease_expires_at,
-	       me.left_at IS NOT NULL, me.fenced, me.fence_lifted_at
+	       NULL::text AS owner, t.now, ` + memberCols("me") + `
 	  FROM t LEFT JOIN me ON true
 	UNION ALL
-	SELECT 'held', h.unit, NULL, h.fencing_epoch, h.state, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-	  FROM held h
+	SELECT 'held', h.unit, NULL, h.fencing_epoch, h.state, NULL, NULL, ` + nulls(memberColCount) + ` FROM held h
 	UNION ALL
-	SELECT 'moved', w.unit, w.epoch, c.fencing_epoch, c.state, c.owner, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+	SELECT 'waiting', h.unit, NULL, h.fencing_epoch, h.state, NULL, NULL, ` + nulls(memberColCount) + ` FROM waiting h
+	UNION ALL
+	SELECT 'moved', w.unit, w.epoch, c.fencing_epoch, c.state, c.owner, NULL, ` + nulls(memberColCount) + `
 	  FROM want w LEFT JOIN shardkeeper.claims c ON c.topology = $1 AND c.unit = w.unit
-	 WHERE EXISTS (SELECT 1 FROM ok) AND w.unit NOT IN (SELECT unit FROM held)`
+	 WHERE EXISTS (SELECT 1 FROM ok) AND w.unit NOT IN (SELECT unit FROM held) AND w.unit NOT IN (SELECT unit FROM waiting)`
 
 // ConfirmOwned implements Registry in one statement (one round trip once
 // the statement is prepared on the connection, however many claims).
@@ -79,6 +92,8 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 			if ClaimState(*state) == StateHandover {
 				c.Handover = append(c.Handover, *unit)
 			}
+		case "waiting":
+			c.Waiting = append(c.Waiting, *unit)
 		case "moved":
 			mv := Moved{Unit: *unit, Expected: *expectedEp}
 			if epoch != nil {
@@ -100,6 +115,7 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 		return Confirmation{}, fmt.Errorf("confirm owned: %w", err)
 	}
 	sort.Strings(c.Handover)
+	sort.Strings(c.Waiting)
 	sort.Slice(c.Moved, func(i, j int) bool { return c.Moved[i].Unit < c.Moved[j].Unit })
 	return c, nil
 }

@@ -2,6 +2,7 @@ package poolctl
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -177,13 +178,17 @@ func (p *PG) Retire(ctx context.Context, topology string, epoch int64) error {
 // into a time on the registry's clock, so workers read its age without
 // comparing the operator's clock with their own.
 func (p *PG) PublishResetPermission(ctx context.Context, topology string, rp ResetPermission) error {
+	servers, err := json.Marshal(rp.Servers)
+	if err != nil || rp.Servers == nil {
+		servers = []byte("{}")
+	}
 	tag, err := p.pool.Exec(ctx, `
-		INSERT INTO shardkeeper.reset_permissions (topology, allowed, census_taken_at, reason, published_at)
-		SELECT topology, $2, shardkeeper.clock(topology) - $3::interval, $4, shardkeeper.clock(topology)
+		INSERT INTO shardkeeper.reset_permissions (topology, allowed, census_taken_at, reason, floor, servers, published_at)
+		SELECT topology, $2, shardkeeper.clock(topology) - $3::interval, $4, $5, $6::jsonb, shardkeeper.clock(topology)
 		  FROM shardkeeper.topologies WHERE topology = $1
 		ON CONFLICT (topology) DO UPDATE SET allowed = excluded.allowed, census_taken_at = excluded.census_taken_at,
-			reason = excluded.reason, published_at = excluded.published_at`,
-		topology, rp.Allowed, rp.CensusAge.Truncate(time.Microsecond), rp.Reason)
+			reason = excluded.reason, floor = excluded.floor, servers = excluded.servers, published_at = excluded.published_at`,
+		topology, rp.Allowed, rp.CensusAge.Truncate(time.Microsecond), rp.Reason, rp.Floor, string(servers))
 	if err != nil {
 		return fmt.Errorf("publish reset permission of %s: %w", topology, err)
 	}

@@ -21,11 +21,12 @@ func (p *PG) Join(ctx context.Context, topology, member string) (Lease, error) {
 		var (
 			inc int64
 			now time.Time
-			ttl time.Duration
+			prm Params
 		)
 		err := tx.QueryRow(ctx, `
 			UPDATE shardkeeper.topologies SET next_incarnation = next_incarnation + 1 WHERE topology = $1
-			RETURNING next_incarnation - 1, shardkeeper.clock(topology), lease_ttl`, topology).Scan(&inc, &now, &ttl)
+			RETURNING next_incarnation - 1, shardkeeper.clock(topology), `+paramsCols, topology).Scan(
+			scanAll([]any{&inc, &now}, paramsDest(&prm))...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
 		} else if err != nil {
@@ -63,22 +64,20 @@ func (p *PG) Join(ctx context.Context, topology, member string) (Lease, error) {
 				return err
 			}
 		}
-		row := joinRow(member, prev, slot, inc, now, ttl)
-		var lifted *time.Time
-		if !row.FenceLiftedAt.IsZero() {
-			lifted = &row.FenceLiftedAt
-		}
+		row := joinRow(member, prev, slot, inc, now, prm.LeaseTTL)
 		if _, err := tx.Exec(ctx, `
-			INSERT INTO shardkeeper.members (topology, member, slot, incarnation, lease_expires_at, fenced, fence_lifted_at, joined_at)
-			VALUES ($1, $2, $3, $4, $5, false, $6, $7)
+			INSERT INTO shardkeeper.members (topology, member, slot, incarnation, lease_expires_at, fenced, fence_lifted_at,
+				fence_gen, prev_lease_expires_at, joined_at)
+			VALUES ($1, $2, $3, $4, $5, false, $6, 0, $7, $8)
 			ON CONFLICT (topology, member) DO UPDATE SET slot = excluded.slot, incarnation = excluded.incarnation,
 				lease_expires_at = excluded.lease_expires_at, fenced = false, fence_lifted_at = excluded.fence_lifted_at,
+				fence_gen = 0, prev_lease_expires_at = excluded.prev_lease_expires_at,
 				joined_at = excluded.joined_at, left_at = NULL`,
-			topology, member, slot, inc, row.LeaseExpiresAt, lifted, now); err != nil {
+			topology, member, slot, inc, row.LeaseExpiresAt, nullTime(row.FenceLiftedAt), nullTime(row.PrevLeaseExpiresAt), now); err != nil {
 			return err
 		}
 		lease = Lease{MemberRef: MemberRef{Topology: topology, Member: member, Incarnation: inc},
-			Slot: slot, TTL: ttl, ExpiresAt: row.LeaseExpiresAt}
+			Slot: slot, TTL: prm.LeaseTTL, ExpiresAt: row.LeaseExpiresAt, Params: prm}
 		return nil
 	})
 	if err != nil {
@@ -93,22 +92,22 @@ func (p *PG) Join(ctx context.Context, topology, member string) (Lease, error) {
 func (p *PG) Renew(ctx context.Context, m MemberRef) (Lease, error) {
 	var (
 		now     *time.Time
-		ttl     *time.Duration
+		prm     nullParams
 		expires *time.Time
 		slot    *int
 		cur     memberScan
 	)
 	err := p.pool.QueryRow(ctx, `
-		WITH t AS (SELECT shardkeeper.clock(topology) AS now, lease_ttl FROM shardkeeper.topologies WHERE topology = $1),
+		WITH t AS (SELECT shardkeeper.clock(topology) AS now, `+paramsCols+` FROM shardkeeper.topologies WHERE topology = $1),
 		cur AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 		upd AS (
 			UPDATE shardkeeper.members m SET lease_expires_at = t.now + t.lease_ttl FROM t
 			 WHERE m.topology = $1 AND m.member = $2 AND m.incarnation = $3
 			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
 			RETURNING m.lease_expires_at, coalesce(m.slot, -1) AS slot)
-		SELECT t.now, t.lease_ttl, upd.lease_expires_at, upd.slot, `+memberCols("cur")+`
+		SELECT t.now, t.lease_ttl, t.renew_interval, t.query_bound, t.grace, upd.lease_expires_at, upd.slot, `+memberCols("cur")+`
 		  FROM (SELECT 1) one LEFT JOIN t ON true LEFT JOIN cur ON true LEFT JOIN upd ON true`,
-		m.Topology, m.Member, m.Incarnation).Scan(scanAll([]any{&now, &ttl, &expires, &slot}, cur.dest())...)
+		m.Topology, m.Member, m.Incarnation).Scan(scanAll([]any{&now}, prm.dest(), []any{&expires, &slot}, cur.dest())...)
 	if err != nil {
 		return Lease{}, fmt.Errorf("renew %s: %w", m.Member, err)
 	}
@@ -118,7 +117,33 @@ func (p *PG) Renew(ctx context.Context, m MemberRef) (Lease, error) {
 	if expires == nil {
 		return Lease{}, fmt.Errorf("renew: %w", refusal(checkMember(m, cur.row(), *now)))
 	}
-	return Lease{MemberRef: m, Slot: *slot, TTL: *ttl, ExpiresAt: *expires}, nil
+	params := prm.params()
+	return Lease{MemberRef: m, Slot: *slot, TTL: params.LeaseTTL, ExpiresAt: *expires, Params: params}, nil
+}
+
+// paramsCols are a topology row's lease parameters, as paramsDest and
+// nullParams scan them.
+const paramsCols = "lease_ttl, renew_interval, query_bound, grace"
+
+func paramsDest(p *Params) []any {
+	return []any{&p.LeaseTTL, &p.RenewInterval, &p.QueryBound, &p.Grace}
+}
+
+// nullParams scans possibly absent parameters.
+type nullParams struct{ ttl, renew, query, grace *time.Duration }
+
+func (n *nullParams) dest() []any { return []any{&n.ttl, &n.renew, &n.query, &n.grace} }
+
+func (n *nullParams) params() Params {
+	return Params{LeaseTTL: *n.ttl, RenewInterval: *n.renew, QueryBound: *n.query, Grace: *n.grace}
+}
+
+// nullTime is NULL for the zero time.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // refusal is the error for a conditional write that matched nothing: the
@@ -169,20 +194,24 @@ func (p *PG) Leave(ctx context.Context, m MemberRef) error {
 	return fmt.Errorf("leave %s: %w", m.Member, ErrConflict)
 }
 
-// Fence implements Registry.
-func (p *PG) Fence(ctx context.Context, m MemberRef, _ int64) error {
-	return p.setFence(ctx, m, "fence", `fenced = true`)
+// Fence implements Registry in one statement. The generation condition is
+// fenceApplies's; a Fence it leaves out is a no-op, not an error.
+func (p *PG) Fence(ctx context.Context, m MemberRef, gen int64) error {
+	return p.setFence(ctx, m, gen, "fence", `fenced = true, fence_gen = $4`, `$4 > m.fence_gen`, fenceApplies)
 }
 
-// Unfence implements Registry. Lifting a fence that is not set changes
-// nothing, so a repeated Unfence does not extend the grace.
-func (p *PG) Unfence(ctx context.Context, m MemberRef, _ int64) error {
-	return p.setFence(ctx, m, "unfence",
-		`fenced = false, fence_lifted_at = CASE WHEN m.fenced THEN t.now ELSE m.fence_lifted_at END`)
+// Unfence implements Registry in one statement, under unfenceApplies's
+// condition. Lifting a fence that is not set does not move the lift, so a
+// repeated Unfence does not extend the grace.
+func (p *PG) Unfence(ctx context.Context, m MemberRef, gen int64) error {
+	return p.setFence(ctx, m, gen, "unfence",
+		`fenced = false, fence_gen = $4, fence_lifted_at = CASE WHEN m.fenced THEN t.now ELSE m.fence_lifted_at END`,
+		`$4 >= m.fence_gen`, unfenceApplies)
 }
 
-// setFence updates this incarnation's fence with set (a constant).
-func (p *PG) setFence(ctx context.Context, m MemberRef, op, set string) error {
+// setFence updates this incarnation's fence with set (a constant) where
+// cond (the SQL of applies) holds.
+func (p *PG) setFence(ctx context.Context, m MemberRef, gen int64, op, set, cond string, applies func(*memberRow, int64) bool) error {
 	var (
 		now  *time.Time
 		done *int
@@ -193,20 +222,27 @@ func (p *PG) setFence(ctx context.Context, m MemberRef, op, set string) error {
 		cur AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 		upd AS (
 			UPDATE shardkeeper.members m SET `+set+` FROM t
-			 WHERE m.topology = $1 AND m.member = $2 AND m.incarnation = $3 AND m.left_at IS NULL
+			 WHERE m.topology = $1 AND m.member = $2 AND m.incarnation = $3 AND m.left_at IS NULL AND `+cond+`
 			RETURNING 1 AS done)
 		SELECT t.now, upd.done, `+memberCols("cur")+` FROM t LEFT JOIN cur ON true LEFT JOIN upd ON true`,
-		m.Topology, m.Member, m.Incarnation).Scan(scanAll([]any{&now, &done}, cur.dest())...)
+		m.Topology, m.Member, m.Incarnation, gen).Scan(scanAll([]any{&now, &done}, cur.dest())...)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", op, m.Member, err)
 	}
 	if err := topologyErr(m.Topology, now); err != nil {
 		return err
 	}
-	if done == nil {
-		return fmt.Errorf("%s: %w", op, refusal(checkIncarnation(m, cur.row())))
+	if done != nil {
+		return nil
 	}
-	return nil
+	row := cur.row()
+	if err := checkIncarnation(m, row); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if !applies(row, gen) {
+		return nil // an older generation: nothing to do
+	}
+	return fmt.Errorf("%s %s: %w", op, m.Member, ErrConflict)
 }
 
 // SetDraining implements Registry.

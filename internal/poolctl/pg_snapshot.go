@@ -32,7 +32,9 @@ const snapshotSQL = `
 	                     WHERE c.topology = m.topology AND c.owner = m.member AND c.state = 'handover'))
 	      ORDER BY m.member COLLATE "C"), '[]'::json)
 	     FROM shardkeeper.members m WHERE m.topology = t.topology),
-	  r.allowed, r.census_taken_at, r.reason, k.held, k.handover, k.free
+	  (SELECT coalesce(json_agg(ru.unit ORDER BY ru.unit COLLATE "C"), '[]'::json)
+	     FROM shardkeeper.retiring_units ru WHERE ru.topology = t.topology),
+	  r.allowed, r.census_taken_at, r.reason, r.floor, r.servers, k.held, k.handover, k.free
 	FROM t
 	LEFT JOIN shardkeeper.reset_permissions r ON r.topology = t.topology
 	CROSS JOIN LATERAL (
@@ -66,14 +68,15 @@ type snapMember struct {
 func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 	s := Snapshot{Topology: topology}
 	var (
-		epochsJSON, membersJSON []byte
-		allowed                 *bool
-		takenAt                 *time.Time
-		reason                  *string
+		epochsJSON, membersJSON, retiringJSON []byte
+		allowed                               *bool
+		takenAt                               *time.Time
+		reason, floor                         *string
+		servers                               map[string]string
 	)
 	err := p.pool.QueryRow(ctx, snapshotSQL, topology).Scan(&s.Now, &s.Params.LeaseTTL, &s.Params.RenewInterval,
-		&s.Params.QueryBound, &s.Params.Grace, &epochsJSON, &membersJSON, &allowed, &takenAt, &reason,
-		&s.Counts.Held, &s.Counts.Handover, &s.Counts.Free)
+		&s.Params.QueryBound, &s.Params.Grace, &epochsJSON, &membersJSON, &retiringJSON, &allowed, &takenAt, &reason,
+		&floor, &servers, &s.Counts.Held, &s.Counts.Handover, &s.Counts.Free)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Snapshot{}, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
 	} else if err != nil {
@@ -88,6 +91,12 @@ func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 	}
 	if err := json.Unmarshal(membersJSON, &members); err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot of %s: decode members: %w", topology, err)
+	}
+	if err := json.Unmarshal(retiringJSON, &s.Retiring); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot of %s: decode retiring units: %w", topology, err)
+	}
+	if len(s.Retiring) == 0 {
+		s.Retiring = nil
 	}
 	for _, e := range epochs {
 		ep := &Epoch{Number: e.Number, Partitions: e.Partitions, Shards: e.Shards, State: e.State}
@@ -110,7 +119,17 @@ func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 		})
 	}
 	if allowed != nil {
-		s.Reset = ResetPermission{Allowed: *allowed, CensusAge: s.Now.Sub(*takenAt), Reason: *reason, Published: true}
+		s.Reset = ResetPermission{Allowed: *allowed, CensusAge: s.Now.Sub(*takenAt), Reason: *reason, Published: true,
+			Floor: *floor, Servers: serversOrNil(servers)}
 	}
 	return s, nil
+}
+
+// serversOrNil normalizes an empty census map to nil, as both backends
+// report it.
+func serversOrNil(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
 }

@@ -280,6 +280,13 @@ type Confirmation struct {
 	Handover []string
 	// Moved lists expected units the member no longer holds, sorted by unit.
 	Moved []Moved
+	// Waiting lists units an earlier incarnation of the member holds that
+	// were not re-homed because that incarnation's lease expiry plus the
+	// grace has not passed (a second process under the same name may still
+	// deliver them), sorted. They are neither Held (the caller has no valid
+	// token for them) nor Moved (nobody else may take them); confirm again
+	// once the grace has passed.
+	Waiting []string
 }
 
 // Moved is an expected claim that is no longer the member's.

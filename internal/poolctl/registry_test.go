@@ -260,7 +260,7 @@ func TestFenceBlocksClaimsAndGraceFollowsTheLift(t *testing.T) { // checks P5
 		b, _ := r.Join(ctx, topo, "b")
 		_, err := r.Claim(ctx, a.MemberRef, 1, "0.0")
 		must(t, err)
-		must(t, r.Fence(ctx, b.MemberRef))
+		must(t, r.Fence(ctx, b.MemberRef, 1))
 		_, err = r.Claim(ctx, b.MemberRef, 1, "0.1")
 		wantErr(t, "claim while fenced", err, ErrFenced)
 		// a lapses past its grace while b is fenced.
@@ -271,8 +271,8 @@ func TestFenceBlocksClaimsAndGraceFollowsTheLift(t *testing.T) { // checks P5
 		}
 		_, err = r.Claim(ctx, b.MemberRef, 1, "0.0")
 		wantErr(t, "adoption while fenced", err, ErrFenced)
-		must(t, r.Unfence(ctx, b.MemberRef))
-		must(t, r.Unfence(ctx, b.MemberRef)) // a repeat does not move the lift
+		must(t, r.Unfence(ctx, b.MemberRef, 1))
+		must(t, r.Unfence(ctx, b.MemberRef, 1)) // a repeat does not move the lift
 		var he *HeldError
 		_, err = r.Claim(ctx, b.MemberRef, 1, "0.0")
 		if !errors.As(err, &he) || he.Reason != HeldClaimerFenceGrace {
@@ -378,7 +378,8 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 		}
 
 		// a rejoins: its claims stay judged by its new lease, its old tokens
-		// are refused, and ConfirmOwned re-homes them at epoch+1.
+		// are refused, and once the old incarnation's lease and the grace
+		// have passed, ConfirmOwned re-homes them at epoch+1.
 		a2, _ := r.Join(ctx, topo, "a")
 		var se *StaleEpochError
 		if err := r.Checkpoint(ctx, Token{topo, "0.0", "a", 1}, 1); !errors.As(err, &se) || se.Reason != StaleLease {
@@ -391,8 +392,19 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 		wantErr(t, "confirm by the old incarnation", err, ErrStaleIncarnation)
 		conf, err = r.ConfirmOwned(ctx, a2.MemberRef, map[string]int64{"0.0": 1})
 		must(t, err)
-		if got := conf.Held["0.0"].Epoch; got != 2 || len(conf.Held) != 2 || len(conf.Moved) != 0 {
-			t.Fatalf("after rejoin: %+v", conf)
+		if len(conf.Held) != 0 || len(conf.Moved) != 0 || !reflect.DeepEqual(conf.Waiting, []string{"0.0", "0.3"}) {
+			t.Fatalf("right after the rejoin: %+v", conf)
+		}
+		must(t, r.ShiftClock(ctx, topo, 50*time.Second))
+		for _, m := range []MemberRef{a2.MemberRef, b.MemberRef} {
+			_, err := r.Renew(ctx, m)
+			must(t, err)
+		}
+		must(t, r.ShiftClock(ctx, topo, 41*time.Second)) // the old lease expired 31s ago, grace 30s
+		conf, err = r.ConfirmOwned(ctx, a2.MemberRef, map[string]int64{"0.0": 1})
+		must(t, err)
+		if got := conf.Held["0.0"].Epoch; got != 2 || len(conf.Held) != 2 || len(conf.Moved) != 0 || len(conf.Waiting) != 0 {
+			t.Fatalf("after rejoin and grace: %+v", conf)
 		}
 		// A lost reply: confirming again with the old epochs reports the
 		// current ones, without another bump.

@@ -19,9 +19,16 @@ type memberRow struct {
 	Left           bool
 	Fenced         bool
 	FenceLiftedAt  time.Time // zero if never
+	// FenceGen is the last fence generation recorded for this incarnation
+	// (0 after a join).
+	FenceGen int64
 	// Draining is the operator's request that the member hand everything
 	// over; it survives rejoins until the operator clears it.
 	Draining bool
+	// PrevLeaseExpiresAt is the latest lease expiry of the member's earlier
+	// incarnations that had not left (zero if none): until it plus the
+	// grace, a second process under this name may still be delivering.
+	PrevLeaseExpiresAt time.Time
 }
 
 func (m *memberRow) live(now time.Time) bool {
@@ -37,6 +44,16 @@ type claimRow struct {
 	State            ClaimState
 	HandoverTo       string
 	CheckpointSeq    int64
+	// AdoptedFrom and Rehomed record the last claim decision when it was
+	// an adoption (the previous owner) or a re-home (the member itself),
+	// so a repeat after a lost reply reports it again. Every other
+	// transition clears them.
+	AdoptedFrom string
+	Rehomed     bool
+	// LastOp and UnderEpoch are what the history records for the row's
+	// last transition.
+	LastOp     claimOp
+	UnderEpoch int64
 }
 
 // epochRow is a topology epoch as the rules see it.
@@ -45,6 +62,9 @@ type epochRow struct {
 	Partitions int
 	Shards     int
 	State      EpochState
+	// ActivatedWall and RetiredWall are on the wall clock of the history
+	// (zero when not yet).
+	ActivatedWall, RetiredWall time.Time
 }
 
 // checkMember is the common precondition of a member's own operations:
@@ -87,91 +107,6 @@ func parseUnit(unit string) (p, s int, err error) {
 		return 0, 0, fmt.Errorf("unit %q is not p.s: %w", unit, ErrInvalid)
 	}
 	return p, s, nil
-}
-
-// claimInput is everything Claim reads, in one consistent view.
-type claimInput struct {
-	Now     time.Time
-	Grace   time.Duration
-	Claimer *memberRow
-	Active  *epochRow
-	Pending bool
-	Row     *claimRow  // nil: never claimed
-	Owner   *memberRow // the row's owner, when held
-}
-
-// claimDecision is what Claim writes.
-type claimDecision struct {
-	Noop     bool // this incarnation holds it already
-	Insert   bool // first claim ever
-	NewEpoch int64
-	Adopted  bool
-	Settled  bool
-	From     string
-}
-
-// decideClaim applies the claim rules (P1, P2, P5) to one view.
-func decideClaim(ref MemberRef, under int64, unit string, in claimInput) (claimDecision, error) {
-	if err := checkMember(ref, in.Claimer, in.Now); err != nil {
-		return claimDecision{}, err
-	}
-	if in.Claimer.Fenced {
-		return claimDecision{}, fmt.Errorf("claim %s by %s: %w", unit, ref.Member, ErrFenced)
-	}
-	row := in.Row
-	if row != nil && row.State != StateFree && row.Owner == ref.Member && row.OwnerIncarnation == ref.Incarnation {
-		// A repeat (say after a lost reply) takes no new decision.
-		return claimDecision{Noop: true, NewEpoch: row.Epoch}, nil
-	}
-	if in.Active == nil {
-		return claimDecision{}, fmt.Errorf("claim %s: %w", unit, ErrNoActiveEpoch)
-	}
-	if under != in.Active.Number {
-		return claimDecision{}, fmt.Errorf("claim %s under epoch %d, active is %d: %w", unit, under, in.Active.Number, ErrEpochMoved)
-	}
-	if in.Pending {
-		return claimDecision{}, fmt.Errorf("claim %s: %w", unit, ErrFrozen)
-	}
-	p, s, err := parseUnit(unit)
-	if err != nil {
-		return claimDecision{}, err
-	}
-	if p >= in.Active.Partitions || s >= in.Active.Shards {
-		return claimDecision{}, fmt.Errorf("claim %s under %dx%d: %w", unit, in.Active.Partitions, in.Active.Shards, ErrUnitOutOfRange)
-	}
-	switch {
-	case row == nil:
-		return claimDecision{Insert: true, NewEpoch: 1}, nil
-	case row.State == StateFree:
-		return claimDecision{NewEpoch: row.Epoch + 1}, nil
-	case row.Owner == ref.Member:
-		// An earlier incarnation of this member: re-home it.
-		return claimDecision{NewEpoch: row.Epoch + 1, From: row.Owner}, nil
-	case row.State == StateHandover && (row.HandoverTo == "" || row.HandoverTo == ref.Member):
-		return claimDecision{NewEpoch: row.Epoch + 1, Settled: true, From: row.Owner}, nil
-	}
-	held := &HeldError{Unit: unit, Owner: row.Owner, Epoch: row.Epoch, Reason: HeldOwnerLive}
-	if row.State == StateHandover {
-		held.Reason = HeldHandoverToOther
-	}
-	if in.Owner != nil && !in.Owner.Left {
-		held.AdoptableAt = in.Owner.LeaseExpiresAt.Add(in.Grace)
-		if in.Now.Before(in.Owner.LeaseExpiresAt) {
-			return claimDecision{}, held
-		}
-		if in.Now.Before(held.AdoptableAt) {
-			held.Reason = HeldOwnerGrace
-			return claimDecision{}, held
-		}
-	}
-	// The owner's lease lapsed at least the grace ago: adoptable, unless
-	// the claimer's own fence lifted less than the grace ago.
-	if !in.Claimer.FenceLiftedAt.IsZero() && in.Now.Before(in.Claimer.FenceLiftedAt.Add(in.Grace)) {
-		held.Reason = HeldClaimerFenceGrace
-		held.AdoptableAt = in.Claimer.FenceLiftedAt.Add(in.Grace)
-		return claimDecision{}, held
-	}
-	return claimDecision{NewEpoch: row.Epoch + 1, Adopted: true, From: row.Owner}, nil
 }
 
 // tokenValid is the write guard: the claim is held at the token's epoch by
@@ -240,7 +175,9 @@ func pickSlot(self *memberRow, members []memberRow, now time.Time) (slot int, ta
 	}
 }
 
-// joinRow is the member row a join writes.
+// joinRow is the member row a join writes. It starts the incarnation at
+// fence generation 0 and records until when an earlier, not departed
+// incarnation may still be delivering (see rehomeAt).
 func joinRow(member string, prev *memberRow, slot int, incarnation int64, now time.Time, ttl time.Duration) memberRow {
 	m := memberRow{Name: member, Slot: slot, Incarnation: incarnation, LeaseExpiresAt: now.Add(ttl)}
 	if prev != nil {
@@ -251,6 +188,64 @@ func joinRow(member string, prev *memberRow, slot int, incarnation int64, now ti
 		if prev.Fenced || !prev.live(now) {
 			m.FenceLiftedAt = now
 		}
+		if !prev.Left {
+			m.PrevLeaseExpiresAt = laterOf(prev.LeaseExpiresAt, prev.PrevLeaseExpiresAt)
+		}
 	}
 	return m
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// rehomeAt is the earliest registry time at which the member's current
+// incarnation may re-home units an earlier incarnation holds: that
+// incarnation's lease expiry plus the grace, so a second process under the
+// same name has fenced itself (P5) before the new one delivers. Zero means
+// at once (the earlier incarnation left).
+func rehomeAt(m *memberRow, grace time.Duration) time.Time {
+	if m.PrevLeaseExpiresAt.IsZero() {
+		return time.Time{}
+	}
+	return m.PrevLeaseExpiresAt.Add(grace)
+}
+
+// mayRehome reports whether the member may re-home now. The SQL of
+// ConfirmOwned states the same condition.
+func mayRehome(m *memberRow, grace time.Duration, now time.Time) bool {
+	at := rehomeAt(m, grace)
+	return at.IsZero() || !now.Before(at)
+}
+
+// fenceApplies says whether a Fence of generation gen changes the member:
+// only a generation above the last recorded one does, so a Fence that
+// arrives after the Unfence of its own generation is a no-op. The SQL of
+// PG.Fence states the same condition.
+func fenceApplies(m *memberRow, gen int64) bool { return gen > m.FenceGen }
+
+// unfenceApplies says whether an Unfence of generation gen changes the
+// member: it lifts every fence up to gen; an older one is a no-op.
+func unfenceApplies(m *memberRow, gen int64) bool { return gen >= m.FenceGen }
+
+// applyFence and applyUnfence are the twin's writes of the two rules above.
+func applyFence(m *memberRow, gen int64) {
+	if fenceApplies(m, gen) {
+		m.Fenced, m.FenceGen = true, gen
+	}
+}
+
+func applyUnfence(m *memberRow, gen int64, now time.Time) {
+	if !unfenceApplies(m, gen) {
+		return
+	}
+	// A repeated Unfence does not move the lift, so it cannot extend the
+	// grace either.
+	if m.Fenced {
+		m.FenceLiftedAt = now
+	}
+	m.Fenced, m.FenceGen = false, gen
 }

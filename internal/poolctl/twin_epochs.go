@@ -82,12 +82,13 @@ func (t *Twin) Activate(_ context.Context, topology string, epoch int64) error {
 		sort.Strings(missing)
 		return &FreezeIncompleteError{Epoch: epoch, Missing: missing}
 	}
+	wall := t.wall()
 	for _, o := range tp.epochs {
 		if o.State == EpochActive {
-			o.State = EpochRetired
+			o.State, o.RetiredWall = EpochRetired, wall
 		}
 	}
-	e.State = EpochActive
+	e.State, e.ActivatedWall = EpochActive, wall
 	return nil
 }
 
@@ -106,7 +107,7 @@ func (t *Twin) Retire(_ context.Context, topology string, epoch int64) error {
 	case e == nil || e.State != EpochPending:
 		return fmt.Errorf("retire epoch %d: only a pending epoch can be retired: %w", epoch, ErrEpochState)
 	}
-	e.State = EpochRetired
+	e.State, e.RetiredWall = EpochRetired, t.wall()
 	return nil
 }
 
@@ -119,7 +120,15 @@ func (t *Twin) PublishResetPermission(_ context.Context, topology string, p Rese
 		return err
 	}
 	now := t.now(tp)
-	tp.reset = &twinReset{allowed: p.Allowed, takenAt: now.Add(-p.CensusAge.Truncate(time.Microsecond)), reason: p.Reason, publishedAt: now}
+	var servers map[string]string
+	for name, v := range p.Servers {
+		if servers == nil {
+			servers = map[string]string{}
+		}
+		servers[name] = v
+	}
+	tp.reset = &twinReset{allowed: p.Allowed, takenAt: now.Add(-p.CensusAge.Truncate(time.Microsecond)), reason: p.Reason,
+		floor: p.Floor, servers: servers, publishedAt: now}
 	return nil
 }
 
@@ -175,9 +184,26 @@ func (t *Twin) Snapshot(_ context.Context, topology string) (Snapshot, error) {
 		}
 	}
 	if r := tp.reset; r != nil {
-		s.Reset = ResetPermission{Allowed: r.allowed, CensusAge: now.Sub(r.takenAt), Reason: r.reason, Published: true}
+		s.Reset = ResetPermission{Allowed: r.allowed, CensusAge: now.Sub(r.takenAt), Reason: r.reason, Published: true,
+			Floor: r.floor, Servers: copyServers(r.servers)}
 	}
+	for u := range tp.retiring {
+		s.Retiring = append(s.Retiring, u)
+	}
+	sort.Strings(s.Retiring)
 	return s, nil
+}
+
+// copyServers copies a census map so callers cannot change the twin's.
+func copyServers(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 // checkShape validates a topology shape against the API's limits.

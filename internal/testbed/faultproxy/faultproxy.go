@@ -1,7 +1,9 @@
 // Package faultproxy is a TCP proxy for tests. It sits on loopback between a
 // client and a server, adds a fixed latency to each direction, and injects
-// network faults on demand: cut every open connection, refuse new ones, or
-// hold all traffic (a blackhole) while keeping connections open.
+// network faults on demand: cut every open connection, refuse new ones,
+// hold all traffic (a blackhole) while keeping connections open, or cut one
+// connection in the middle of a reply (after N bytes of it, or where the
+// server sends a given byte sequence) so the client never sees the rest.
 //
 // It also counts client flights: a flight starts whenever the client sends
 // after the server has answered (or on a fresh connection), so the number of
@@ -11,6 +13,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -33,6 +36,8 @@ type Stats struct {
 	BytesUp, BytesDown int64
 	// Flights counts client-to-server flights: one per round trip.
 	Flights int64
+	// ReplyCuts counts connections cut by CutReply.
+	ReplyCuts int64
 }
 
 // Proxy forwards every connection it accepts to one target address.
@@ -40,16 +45,25 @@ type Proxy struct {
 	target string
 	ln     net.Listener
 
-	mu      sync.Mutex
-	latency time.Duration
-	refuse  bool
-	holding chan struct{} // non-nil while holding; closed on release
-	links   map[*link]struct{}
-	closed  bool
+	mu       sync.Mutex
+	latency  time.Duration
+	refuse   bool
+	holding  chan struct{} // non-nil while holding; closed on release
+	links    map[*link]struct{}
+	closed   bool
+	replyCut *replyCut // armed by CutReply; nil when none
 
 	wg sync.WaitGroup
 
-	accepted, refused, cut, up, down, flights atomic.Int64
+	accepted, refused, cut, up, down, flights, replyCuts atomic.Int64
+}
+
+// replyCut is an armed CutReply.
+type replyCut struct {
+	match []byte
+	keep  int
+	gen   int64 // tells links' match tails from before the arming apart
+	fired bool
 }
 
 // Start listens on a free loopback port and forwards to target (host:port).
@@ -140,7 +154,67 @@ func (p *Proxy) Stats() Stats {
 		BytesUp:   p.up.Load(),
 		BytesDown: p.down.Load(),
 		Flights:   p.flights.Load(),
+		ReplyCuts: p.replyCuts.Load(),
 	}
+}
+
+// CutReply arms a one-shot fault on the bytes servers send to clients.
+// The first read from a server, on any connection, that completes match
+// (any read at all when match is empty) is cut short: the client gets the
+// first keep bytes of that read, the rest is dropped, and the connection is
+// cut (both sides, with a reset) once those bytes are delivered. Reads
+// before it are forwarded as usual, so with a match the client may hold
+// everything before the read that completed it.
+//
+// It is how a test loses a reply after the server acted on the request: a
+// database's reply is sent after its commit, so cutting it leaves the
+// client with an error and the commit in place. The proxy knows no
+// protocol: the caller chooses match (for PostgreSQL, the ReadyForQuery
+// that ends a transaction).
+func (p *Proxy) CutReply(match []byte, keep int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gen := int64(1)
+	if p.replyCut != nil {
+		gen = p.replyCut.gen + 1
+	}
+	p.replyCut = &replyCut{match: append([]byte(nil), match...), keep: max(keep, 0), gen: gen}
+}
+
+// Disarm cancels CutReply and reports whether it had struck.
+func (p *Proxy) Disarm() (struck bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.replyCut == nil {
+		return false
+	}
+	struck = p.replyCut.fired
+	p.replyCut = &replyCut{gen: p.replyCut.gen, fired: true} // spent: matches nothing
+	return struck
+}
+
+// cutReply checks one read from a server against an armed CutReply and
+// returns how many of its bytes to deliver before cutting, or -1.
+func (p *Proxy) cutReply(l *link, data []byte) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rc := p.replyCut
+	if rc == nil || rc.fired {
+		return -1
+	}
+	if l.tailGen != rc.gen {
+		l.tail, l.tailGen = nil, rc.gen
+	}
+	if len(rc.match) > 0 {
+		seen := append(l.tail, data...)
+		if !bytes.Contains(seen, rc.match) {
+			l.tail = append([]byte(nil), seen[max(0, len(seen)-len(rc.match)+1):]...)
+			return -1
+		}
+	}
+	rc.fired = true
+	p.replyCuts.Add(1)
+	return min(rc.keep, len(data))
 }
 
 // Close stops listening, cuts every connection and waits for the proxy's
@@ -201,6 +275,10 @@ type link struct {
 	lastUp         atomic.Bool // the last bytes seen went client to server
 	started        atomic.Bool
 	halves         atomic.Int32
+	// tail holds the last bytes the server sent, so a CutReply match split
+	// across reads is found (its reader goroutine only, under p.mu).
+	tail    []byte
+	tailGen int64
 }
 
 // close ends the link; abrupt closes with a reset, as a cut does.
@@ -230,6 +308,7 @@ func (p *Proxy) serve(client, server net.Conn) {
 type chunk struct {
 	data []byte
 	due  time.Time
+	cut  bool // cut the link once data is delivered (CutReply)
 }
 
 // pipe copies src to dst, each chunk delivered latency after it was read.
@@ -245,13 +324,22 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, up bool) {
 			n, err := src.Read(buf)
 			if n > 0 {
 				p.noteRead(l, up, n)
+				c := chunk{data: buf[:n]}
+				if !up {
+					if k := p.cutReply(l, c.data); k >= 0 {
+						c.data, c.cut = c.data[:k], true
+					}
+				}
 				p.mu.Lock()
-				lat := p.latency
+				c.due = time.Now().Add(p.latency)
 				p.mu.Unlock()
 				select {
-				case q <- chunk{data: buf[:n], due: time.Now().Add(lat)}:
+				case q <- c:
 				case <-l.done:
 					return
+				}
+				if c.cut {
+					return // the rest of the reply is dropped
 				}
 			}
 			if err != nil {
@@ -264,7 +352,7 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, up bool) {
 			p.finish(l, dst, false)
 			return
 		}
-		if _, err := dst.Write(c.data); err != nil {
+		if _, err := dst.Write(c.data); err != nil || c.cut {
 			p.finish(l, dst, false)
 			return
 		}

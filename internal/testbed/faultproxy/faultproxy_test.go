@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -152,5 +153,86 @@ func TestHoldKeepsConnectionsOpenAndDeliversOnRelease(t *testing.T) {
 	got, err := r.ReadString('\n')
 	if err != nil || got != "held\n" {
 		t.Fatalf("after release: %q, %v", got, err)
+	}
+}
+
+func TestCutReplyDeliversPartOfTheReplyThenCuts(t *testing.T) {
+	cases := []struct {
+		name  string
+		match string
+		keep  int
+		send  []string // lines sent one round trip at a time
+		got   []string // what the client reads back for each; "" marks the cut
+	}{
+		{"any reply, after three bytes", "", 3, []string{"hello"}, []string{"hel"}},
+		{"the whole reply dropped", "", 0, []string{"hello"}, []string{""}},
+		{"the reply that carries the match", "END", 0, []string{"first", "at the END"}, []string{"first\n", ""}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := New(t, echoServer(t))
+			conn, err := net.Dial("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			r := bufio.NewReader(conn)
+			var match []byte
+			if c.match != "" {
+				match = []byte(c.match)
+			}
+			p.CutReply(match, c.keep)
+			for i, line := range c.send {
+				if _, err := conn.Write([]byte(line + "\n")); err != nil {
+					t.Fatal(err)
+				}
+				_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+				got, err := r.ReadString('\n')
+				if c.got[i] == got && err == nil {
+					continue // a full line, as expected
+				}
+				want := strings.TrimSuffix(c.got[i], "\n")
+				if err == nil || got != want {
+					t.Fatalf("round trip %d: read %q (%v), want %q then the cut", i, got, err, want)
+				}
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					t.Fatalf("round trip %d: timed out instead of a cut", i)
+				}
+			}
+			if !p.Disarm() || p.Stats().ReplyCuts != 1 {
+				t.Fatalf("the cut did not strike once: stats %+v", p.Stats())
+			}
+			// The proxy still serves new connections, uncut.
+			c2, err := net.Dial("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			if err := roundTrip(t, c2, bufio.NewReader(c2), "after"); err != nil {
+				t.Fatalf("after the cut: %v", err)
+			}
+		})
+	}
+}
+
+func TestDisarmBeforeAnyReplyCutsNothing(t *testing.T) {
+	p := New(t, echoServer(t))
+	p.CutReply([]byte("never"), 0)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(t, c, bufio.NewReader(c), "ping"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Disarm() {
+		t.Fatal("Disarm reports a cut that did not happen")
+	}
+	p.CutReply(nil, 0)
+	p.Disarm()
+	if err := roundTrip(t, c, bufio.NewReader(c), "still open"); err != nil {
+		t.Fatalf("a disarmed cut struck: %v", err)
 	}
 }

@@ -111,14 +111,35 @@ func (s *Server) NewDatabase(ctx context.Context, name string) (string, error) {
 }
 
 // NewTestDatabase is NewDatabase named after the test, failing it on error.
+// It also turns shardkeeper.test_clock on for the database, which lets tests
+// move the registry's clock (poolctl's ShiftClock); production databases
+// never have it, so their clock cannot be moved.
 func (s *Server) NewTestDatabase(tb testing.TB) string {
 	tb.Helper()
 	name := fmt.Sprintf("t%d_%d", time.Now().UnixNano(), os.Getpid())
-	dsn, err := s.NewDatabase(context.Background(), name)
+	ctx := context.Background()
+	dsn, err := s.NewDatabase(ctx, name)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	if err := s.alterDatabase(ctx, name, "SET shardkeeper.test_clock = 'on'"); err != nil {
+		tb.Fatal(err)
+	}
 	return dsn
+}
+
+// alterDatabase runs ALTER DATABASE name <change>; it applies to sessions
+// opened afterwards.
+func (s *Server) alterDatabase(ctx context.Context, name, change string) error {
+	conn, err := pgx.Connect(ctx, s.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("connect to alter database %s: %w", name, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" "+change); err != nil {
+		return fmt.Errorf("alter database %s %s: %w", name, change, err)
+	}
+	return nil
 }
 
 // Pid is the postmaster's process id, for tests that pause or kill it.

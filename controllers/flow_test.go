@@ -1,0 +1,230 @@
+package controllers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/operator"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// reportingMember is a registry member the test drives by hand: it renews
+// its lease and, every tick, reports the activity the test sets.
+type reportingMember struct {
+	reg   poolctl.Registry
+	lease poolctl.Lease
+
+	mu     sync.Mutex
+	report []poolctl.UnitActivity // nil: report nothing (the report ages)
+	err    error
+}
+
+func joinReporting(t *testing.T, f *fleet, name string) *reportingMember {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := f.reg.Join(ctx, f.key(), name)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	m := &reportingMember{reg: f.reg, lease: l}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			m.tick(ctx)
+			select {
+			case <-ctx.Done():
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return m
+}
+
+func (m *reportingMember) tick(ctx context.Context) {
+	_, err := m.reg.Renew(ctx, m.lease.MemberRef)
+	m.mu.Lock()
+	report := m.report
+	m.mu.Unlock()
+	if err == nil && report != nil {
+		err = m.reg.ReportActivity(ctx, m.lease.MemberRef, report)
+	}
+	if err != nil && ctx.Err() == nil {
+		m.mu.Lock()
+		m.err = err
+		m.mu.Unlock()
+	}
+}
+
+// set makes every later report say units; nil stops reporting.
+func (m *reportingMember) set(units ...poolctl.UnitActivity) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.report = units
+}
+
+func (m *reportingMember) claim(t *testing.T, epoch int64, unit string) poolctl.Token {
+	t.Helper()
+	c, err := m.reg.Claim(context.Background(), m.lease.MemberRef, epoch, unit)
+	if err != nil {
+		t.Fatalf("%s claims %s: %v", m.lease.Member, unit, err)
+	}
+	return c.Token
+}
+
+// flowing is a report of unit pulled just now, with a row just now (or
+// never, when rows is false).
+func flowing(unit string, epoch int64, rows bool) poolctl.UnitActivity {
+	a := poolctl.UnitActivity{Unit: unit, Epoch: epoch, SinceRows: -1}
+	if rows {
+		a.SinceRows = 0
+	}
+	return a
+}
+
+// Owned means flowing: a unit whose owner stops reporting, or whose rows
+// wait while its owner receives none, is stalled, Ready says so and names
+// it, and the metric counts it; a unit two members pull is multiply owned
+// in status and the metric. Every figure comes from reports fed through
+// the real registry and from the census's count of pending rows.
+// checks P1, checks P7
+func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	startOperatorWith(t, f.ns, operator.Options{CensusInterval: time.Second})
+	f.create()
+	f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.ActiveEpoch == nil {
+			return errors.New("no active epoch yet")
+		}
+		return nil
+	})
+	a, b := joinReporting(t, f, "a"), joinReporting(t, f, "b")
+	ta, tb := a.claim(t, 1, "0.0"), b.claim(t, 1, "0.1")
+	a.set(flowing("0.0", ta.Epoch, true))
+	b.set(flowing("0.1", tb.Epoch, true))
+
+	labels := map[string]string{"namespace": f.ns, "name": "ingest"}
+	metric := func(name string, want float64) error {
+		if got, ok := metricValue(t, name, labels); !ok || got != want {
+			return fmt.Errorf("%s = %v (present %t), want %v", name, got, ok, want)
+		}
+		return nil
+	}
+	st := f.waitReady(30 * time.Second)
+	if u := st.Status.Units; u == nil || u.Owned != 2 || u.Stalled != 0 || u.MultiplyOwned != 0 {
+		t.Fatalf("units %+v, want 2 owned and flowing", u)
+	}
+	eventually(t, 10*time.Second, func() error {
+		return errors.Join(metric("shardkeeper_units_stalled", 0), metric("shardkeeper_units_multiply_owned", 0))
+	})
+
+	// a keeps its lease but stops reporting: its unit's report ages.
+	a.set()
+	st = f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if u := o.Status.Units; u == nil || u.Stalled != 1 || u.Owned != 2 {
+			return fmt.Errorf("units %+v, want 1 of 2 owned units stalled", u)
+		}
+		return nil
+	})
+	c := wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonUnitsStalled)
+	if !strings.Contains(c.Message, "0.0 (a: last activity report") || !strings.Contains(st.Status.Progress, "units 1/2 owned; 1 stalled") {
+		t.Fatalf("Ready message %q, progress %q: want 0.0 named and only flowing units counted as owned", c.Message, st.Status.Progress)
+	}
+	eventually(t, 10*time.Second, func() error { return metric("shardkeeper_units_stalled", 1) })
+	a.set(flowing("0.0", ta.Epoch, true))
+	f.waitReady(20 * time.Second)
+
+	// b pulls 0.0 as well as its own unit: two members pull one unit.
+	b.set(flowing("0.1", tb.Epoch, true), flowing("0.0", ta.Epoch, true))
+	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if u := o.Status.Units; u == nil || u.MultiplyOwned != 1 || !strings.Contains(o.Status.Progress, "1 multiply owned") {
+			return fmt.Errorf("units %+v, want 1 multiply owned", u)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, func() error { return metric("shardkeeper_units_multiply_owned", 1) })
+	b.set(flowing("0.1", tb.Epoch, true))
+
+	// Rows wait in 0.1 and b, which pulls, receives none: stalled once a
+	// census counted them and b's reports since say so.
+	b.set(flowing("0.1", tb.Epoch, false))
+	f.publish(0, 1, 5)
+	st = f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		c := findCondition(o, topologyv1.ConditionReady)
+		if c == nil || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.1 (b: 5 rows pending") {
+			return errors.New("want Ready=False naming 0.1 with 5 rows pending")
+		}
+		return nil
+	})
+	if u := st.Status.Units; u.Stalled != 1 || u.MultiplyOwned != 0 {
+		t.Fatalf("units %+v, want 1 stalled and none multiply owned", u)
+	}
+	// b receives rows again: flowing.
+	b.set(flowing("0.1", tb.Epoch, true))
+	f.waitReady(30 * time.Second)
+	for _, m := range []*reportingMember{a, b} {
+		m.mu.Lock()
+		if m.err != nil {
+			t.Errorf("member %s: %v", m.lease.Member, m.err)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// A registry that stops answering (a partition, or a statement waiting on
+// locks a stopped worker holds) does not hang the reconcile: each registry
+// call has a deadline, and status says the registry did not answer.
+// checks P7
+func TestARegistryThatStopsAnsweringReachesStatusWithinTheBound(t *testing.T) {
+	const bound = 2 * time.Second
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2, registryProxy: true})
+	f.withStatefulSet(0, "w")
+	startOperatorWith(t, f.ns, operator.Options{RegistryTimeout: bound})
+	f.create()
+	f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.ActiveEpoch == nil || o.Status.ObservedGeneration != o.Generation {
+			return errors.New("no active epoch yet")
+		}
+		return nil
+	})
+
+	f.proxy.Hold(true)
+	held := time.Now()
+	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		c := findCondition(o, topologyv1.ConditionReconciling)
+		if c == nil || c.Reason != topologyv1.ReasonRegistryUnavailable {
+			return errors.New("want Reconciling with reason RegistryUnavailable")
+		}
+		return nil
+	})
+	// The next reconcile starts within 2s (no worker owns the units, so
+	// the operator looks again that soon), and its first registry call
+	// gives up after the bound.
+	if waited := time.Since(held); waited > 2*time.Second+bound+5*time.Second {
+		t.Fatalf("status reported the silent registry %s after it stopped answering", waited)
+	}
+	c := wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonRegistryUnavailable)
+	if !strings.Contains(c.Message, "the registry did not answer") || !strings.Contains(c.Message, bound.String()) {
+		t.Fatalf("Ready message %q does not say the registry did not answer within %s", c.Message, bound)
+	}
+	waitEvent(t, f.ns, topologyv1.ReasonRegistryUnavailable, "did not answer")
+
+	f.proxy.Hold(false)
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if c := findCondition(o, topologyv1.ConditionReconciling); c == nil || c.Reason == topologyv1.ReasonRegistryUnavailable {
+			return errors.New("still reporting the registry unavailable")
+		}
+		return nil
+	})
+}

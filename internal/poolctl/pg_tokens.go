@@ -1,0 +1,83 @@
+package poolctl
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// tokenReadSQL reads the claim row and its owner's member row.
+var tokenReadSQL = `
+	WITH t AS (SELECT shardkeeper.clock($1) AS now),
+	c AS (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = $2),
+	ow AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = (SELECT owner FROM c))`
+
+// Checkpoint implements Registry: a guarded write in one statement.
+func (p *PG) Checkpoint(ctx context.Context, t Token, seq int64) error {
+	var (
+		now  *time.Time
+		done *int
+		c    claimScan
+		ow   memberScan
+	)
+	err := p.pool.QueryRow(ctx, tokenReadSQL+`,
+		upd AS (
+			UPDATE shardkeeper.claims cl SET checkpoint_seq = greatest(cl.checkpoint_seq, $5), updated_at = t.now
+			  FROM t, shardkeeper.members m
+			 WHERE cl.topology = $1 AND cl.unit = $2 AND cl.owner = $3 AND cl.fencing_epoch = $4 AND cl.state <> 'free'
+			   AND m.topology = cl.topology AND m.member = cl.owner AND m.incarnation = cl.owner_incarnation
+			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
+			RETURNING 1 AS done)
+		SELECT t.now, upd.done, `+claimCols("c")+`, `+memberCols("ow")+`
+		  FROM t LEFT JOIN c ON true LEFT JOIN ow ON true LEFT JOIN upd ON true`,
+		t.Topology, t.Unit, t.Member, t.Epoch, seq).Scan(scanAll([]any{&now, &done}, c.dest(), ow.dest())...)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", t.Unit, err)
+	}
+	if err := topologyErr(t.Topology, now); err != nil {
+		return err
+	}
+	if done == nil {
+		return fmt.Errorf("checkpoint: %w", refusal(tokenValid(t, c.row(), ow.row(), *now)))
+	}
+	return nil
+}
+
+// CheckToken implements Registry in one statement, without locks: it says
+// what was true when it ran. Sinks in this database use GuardedExec.
+func (p *PG) CheckToken(ctx context.Context, t Token) error {
+	return readToken(ctx, p.pool, t)
+}
+
+// Claims implements Registry.
+func (p *PG) Claims(ctx context.Context, topology string) ([]ClaimInfo, error) {
+	rows, err := p.pool.Query(ctx, `
+		SELECT `+claimCols("c")+` FROM shardkeeper.topologies t
+		  LEFT JOIN shardkeeper.claims c ON c.topology = t.topology WHERE t.topology = $1`, topology)
+	if err != nil {
+		return nil, fmt.Errorf("list claims of %s: %w", topology, err)
+	}
+	found := false
+	out := []ClaimInfo{}
+	for rows.Next() {
+		found = true
+		var c claimScan
+		if err := rows.Scan(c.dest()...); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list claims of %s: %w", topology, err)
+		}
+		if row := c.row(); row != nil {
+			out = append(out, ClaimInfo{Unit: row.Unit, Owner: row.Owner, OwnerIncarnation: row.OwnerIncarnation, Epoch: row.Epoch,
+				State: row.State, HandoverTo: row.HandoverTo, CheckpointSeq: row.CheckpointSeq})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list claims of %s: %w", topology, err)
+	}
+	if !found {
+		return nil, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Unit < out[j].Unit })
+	return out, nil
+}

@@ -1,0 +1,125 @@
+package poolctl
+
+import (
+	"context"
+	"fmt"
+)
+
+// Join implements Registry.
+func (t *Twin) Join(_ context.Context, topology, member string) (Lease, error) {
+	if member == "" {
+		return Lease{}, fmt.Errorf("join: empty member name: %w", ErrInvalid)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp, err := t.topo(topology)
+	if err != nil {
+		return Lease{}, err
+	}
+	now := t.now(tp)
+	prev := tp.members[member]
+	var all []memberRow
+	for _, m := range tp.members {
+		all = append(all, *m)
+	}
+	slot, taken := pickSlot(prev, all, now)
+	if taken != "" {
+		tp.members[taken].Slot = -1
+	}
+	inc := tp.nextInc
+	tp.nextInc++
+	row := joinRow(member, prev, slot, inc, now, tp.params.LeaseTTL)
+	t.setMember(tp, &row)
+	return Lease{
+		MemberRef: MemberRef{Topology: topology, Member: member, Incarnation: inc},
+		Slot:      slot, TTL: tp.params.LeaseTTL, ExpiresAt: row.LeaseExpiresAt, Params: tp.params,
+	}, nil
+}
+
+// Renew implements Registry.
+func (t *Twin) Renew(_ context.Context, m MemberRef) (Lease, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp, err := t.topo(m.Topology)
+	if err != nil {
+		return Lease{}, err
+	}
+	now := t.now(tp)
+	cur := tp.members[m.Member]
+	if err := checkMember(m, cur, now); err != nil {
+		return Lease{}, fmt.Errorf("renew: %w", err)
+	}
+	row := *cur
+	row.LeaseExpiresAt = now.Add(tp.params.LeaseTTL)
+	t.setMember(tp, &row)
+	return Lease{MemberRef: m, Slot: row.Slot, TTL: tp.params.LeaseTTL, ExpiresAt: row.LeaseExpiresAt, Params: tp.params}, nil
+}
+
+// Leave implements Registry.
+func (t *Twin) Leave(_ context.Context, m MemberRef) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp, err := t.topo(m.Topology)
+	if err != nil {
+		return err
+	}
+	now := t.now(tp)
+	cur := tp.members[m.Member]
+	if err := checkIncarnation(m, cur); err != nil {
+		return fmt.Errorf("leave: %w", err)
+	}
+	if n := tp.holds(m.Member); n > 0 {
+		return &HoldingError{Member: m.Member, Units: n}
+	}
+	row := *cur
+	row.Left = true
+	if row.LeaseExpiresAt.After(now) {
+		row.LeaseExpiresAt = now
+	}
+	t.setMember(tp, &row)
+	return nil
+}
+
+func (tp *twinTopology) holds(member string) int {
+	n := 0
+	for _, c := range tp.claims {
+		if c.State != StateFree && c.Owner == member {
+			n++
+		}
+	}
+	return n
+}
+
+// Fence implements Registry: a no-op unless gen is above the last recorded
+// generation (fenceApplies).
+func (t *Twin) Fence(_ context.Context, m MemberRef, gen int64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp, err := t.topo(m.Topology)
+	if err != nil {
+		return err
+	}
+	row := tp.members[m.Member]
+	if err := checkIncarnation(m, row); err != nil {
+		return fmt.Errorf("fence: %w", err)
+	}
+	applyFence(row, gen)
+	return nil
+}
+
+// Unfence implements Registry: a no-op for a generation older than the
+// last recorded one (unfenceApplies).
+func (t *Twin) Unfence(_ context.Context, m MemberRef, gen int64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp, err := t.topo(m.Topology)
+	if err != nil {
+		return err
+	}
+	row := tp.members[m.Member]
+	if err := checkIncarnation(m, row); err != nil {
+		return fmt.Errorf("unfence: %w", err)
+	}
+	applyUnfence(row, gen, t.now(tp))
+	return nil
+}
