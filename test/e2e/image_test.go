@@ -119,7 +119,7 @@ func TestOperatorImageRunsTheRolloutUnderItsOwnRBAC(t *testing.T) {
 		w = ww
 		startOperatorContainer(ww, im)
 	}}
-	in := scenarioInput{Name: "V8->16", From: ownership.Topology{Partitions: 4, Shards: 8},
+	in := scenarioInput{Name: "V8->16 from images", From: ownership.Topology{Partitions: 4, Shards: 8},
 		Changes: []ownership.Topology{{Partitions: 4, Shards: 16}}, RollPods: true, Replicas: 4, Rate: 200,
 		ContainerPods: []string{"ingest-0"}, WorkerContainerImage: im.worker}
 	r := runScenario(t, s, in, "e2e-image")
