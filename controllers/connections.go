@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -60,9 +61,9 @@ type topologyConns struct {
 	// RetireConsumers counts a consumer already gone as retired again.
 	announced map[string]bool
 	// censusTaken says this process attempted a census of the topology;
-	// pending is what its last successful one counted (nil if none).
+	// pending is what the recent successful ones counted, oldest first.
 	censusTaken bool
-	pending     *pendingRows
+	pending     []pendingRows
 	// prunedAt is when this process last pruned the registry's history.
 	prunedAt time.Time
 }
@@ -349,21 +350,27 @@ func (c *Connections) censusDue(key types.NamespacedName) bool {
 	return e.censusDue
 }
 
-// setPendingRows records what the census counted (nil when it failed).
-func (c *Connections) setPendingRows(key types.NamespacedName, p *pendingRows) {
+// addPendingRows records that a census was taken and what it counted (p
+// nil when it failed), keeping the censuses a stall judgement with bound
+// may need.
+func (c *Connections) addPendingRows(key types.NamespacedName, p *pendingRows, bound time.Duration) []pendingRows {
 	e := c.entry(key)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.censusTaken, e.pending = true, p
+	e.censusTaken = true
+	if p != nil {
+		e.pending = keepPending(e.pending, *p, bound)
+	}
+	return slices.Clone(e.pending)
 }
 
-// pendingRows returns what the last census counted, and whether this
-// process took a census of the topology at all.
-func (c *Connections) pendingRows(key types.NamespacedName) (*pendingRows, bool) {
+// pendingRows returns what the recent censuses counted, oldest first, and
+// whether this process took a census of the topology at all.
+func (c *Connections) pendingRows(key types.NamespacedName) ([]pendingRows, bool) {
 	e := c.entry(key)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.pending, e.censusTaken
+	return slices.Clone(e.pending), e.censusTaken
 }
 
 // pruneDue reports whether the registry's history was not pruned by this

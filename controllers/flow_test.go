@@ -180,6 +180,10 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 		}
 		m.mu.Unlock()
 	}
+	// The operator pruned the registry's history on the way, quietly.
+	if evs := listEvents(t, f.ns, "HistoryPruneFailed"); len(evs) > 0 {
+		t.Fatalf("pruning the history failed: %s", evs[0].Note)
+	}
 }
 
 // A registry that stops answering (a partition, or a statement waiting on

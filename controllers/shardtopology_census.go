@@ -90,8 +90,7 @@ func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl
 		return ctrl.Result{}, fmt.Errorf("publish RESET permission: %w", err)
 	}
 	r.conns().setCensusDue(s.key, false)
-	s.pending = s.pendingRows(rep.census)
-	r.conns().setPendingRows(s.key, s.pending)
+	s.pending = r.conns().addPendingRows(s.key, s.pendingRows(rep.census), stallBound(s.snap.Params))
 	recordResetVerdict(s.key, rep.blockedBy)
 	s.census = rep
 	if rep.census != nil && !rep.census.FloorMet() && !belowFloorBefore(s) {

@@ -18,9 +18,11 @@ import (
 //     report (made within flowWindow) saying they pulled it within
 //     flowWindow: two processes pulling one unit, whatever the claims say;
 //   - an owned unit is stalled when its owner's report for it is missing
-//     or stale, or when the last census saw rows pending in its consumer
-//     and the owner's first report made at least stallBound after that
-//     census says it received no row since the census.
+//     or stale, or when a census saw rows pending in its consumer and the
+//     owner's latest report, made at least stallBound after that census,
+//     says it received no row since the census. The census judged is the
+//     latest one at least stallBound older than the report, so censuses
+//     more frequent than the bound still catch a stall.
 //
 // "Owned" in the progress line and Ready means owned and flowing.
 
@@ -46,7 +48,7 @@ func renewInterval(p poolctl.Params) time.Duration {
 	return poolctl.DefaultParams().RenewInterval
 }
 
-// pendingRows is what the last census counted in the active epoch's unit
+// pendingRows is what one census counted in the active epoch's unit
 // consumers.
 type pendingRows struct {
 	// at is when the census's first reply came, on the registry's clock.
@@ -73,9 +75,10 @@ type stalledUnit struct {
 func (s stalledUnit) String() string { return fmt.Sprintf("%s (%s: %s)", s.unit, s.owner, s.why) }
 
 // assessFlow judges the units from the registry's snapshot and claims, the
-// members' activity reports and the census's pending rows (nil when no
-// census counted them). It is pure; now is the snapshot's registry clock.
-func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, reports []poolctl.ActivityReport, pending *pendingRows) unitFlow {
+// members' activity reports and the recent censuses' pending rows, oldest
+// first (none when no census counted them). It is pure; now is the
+// snapshot's registry clock.
+func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, reports []poolctl.ActivityReport, pending []pendingRows) unitFlow {
 	var f unitFlow
 	if snap == nil {
 		return f
@@ -129,10 +132,37 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 			stall("no activity report")
 		case !fresh(r):
 			stall("last activity report %s ago", now.Sub(r.ReportedAt).Round(time.Second))
-		case pending != nil && pending.units[u.String()] > 0 && !r.ReportedAt.Before(pending.at.Add(bound)) &&
-			(r.LastRows.IsZero() || r.LastRows.Before(pending.at.Add(-clockSlack))):
-			stall("%d rows pending at the census %s ago, none received since", pending.units[u.String()], now.Sub(pending.at).Round(time.Second))
+		default:
+			c := censusBefore(pending, r.ReportedAt.Add(-bound))
+			if c != nil && c.units[u.String()] > 0 && (r.LastRows.IsZero() || r.LastRows.Before(c.at.Add(-clockSlack))) {
+				stall("%d rows pending at the census %s ago, none received since", c.units[u.String()], now.Sub(c.at).Round(time.Second))
+			}
 		}
 	}
 	return f
+}
+
+// censusBefore is the latest census taken at or before t, or nil.
+func censusBefore(pending []pendingRows, t time.Time) *pendingRows {
+	var found *pendingRows
+	for i := range pending {
+		if !pending[i].at.After(t) {
+			found = &pending[i]
+		}
+	}
+	return found
+}
+
+// keepPending appends p to the recent censuses and drops those no stall
+// judgement can need any more: every census older than the newest one
+// taken at least bound before p.
+func keepPending(recent []pendingRows, p pendingRows, bound time.Duration) []pendingRows {
+	recent = append(recent, p)
+	keepFrom := 0
+	for i := range recent {
+		if !recent[i].at.After(p.at.Add(-bound)) {
+			keepFrom = i
+		}
+	}
+	return append([]pendingRows(nil), recent[keepFrom:]...)
 }

@@ -32,11 +32,11 @@ func TestAssessFlow(t *testing.T) {
 	const never = -1
 	flowing := []poolctl.ActivityReport{report("0.0", "w-0", 1, 0, 0, never), report("0.1", "w-1", 2, 0, 0, never)}
 	census := now.Add(-20 * time.Second)
-	waiting := &pendingRows{at: census, units: map[string]uint64{"0.0": 40, "0.1": 0}}
+	waiting := []pendingRows{{at: census, units: map[string]uint64{"0.0": 40, "0.1": 0}}}
 	tests := []struct {
 		name     string
 		reports  []poolctl.ActivityReport
-		pending  *pendingRows
+		pending  []pendingRows
 		multiply int
 		stalled  []string // "unit: why" substrings
 	}{
@@ -65,8 +65,13 @@ func TestAssessFlow(t *testing.T) {
 		{"rows pending at the census, received just before it (clock slack): flowing",
 			[]poolctl.ActivityReport{report("0.0", "w-0", 1, 0, 0, 20*time.Second+500*time.Millisecond), flowing[1]}, waiting, 0, nil},
 		{"rows pending, but no report yet made a bound after the census: not yet stalled",
-			flowing, &pendingRows{at: now.Add(-5 * time.Second), units: map[string]uint64{"0.0": 40}}, 0, nil},
-		{"nothing pending and no row ever: idle, not stalled", flowing, &pendingRows{at: census, units: map[string]uint64{}}, 0, nil},
+			flowing, []pendingRows{{at: now.Add(-5 * time.Second), units: map[string]uint64{"0.0": 40}}}, 0, nil},
+		{"censuses more frequent than the bound: the latest one a bound old is judged",
+			flowing, []pendingRows{{at: census, units: map[string]uint64{"0.0": 40}}, {at: now.Add(-time.Second), units: map[string]uint64{"0.0": 41}}}, 0,
+			[]string{"0.0 (w-0: 40 rows pending at the census 20s ago"}},
+		{"rows pended once, but not at the latest census a bound old: not stalled",
+			flowing, []pendingRows{{at: census, units: map[string]uint64{"0.0": 40}}, {at: now.Add(-10 * time.Second), units: map[string]uint64{"0.0": 0}}}, 0, nil},
+		{"nothing pending and no row ever: idle, not stalled", flowing, []pendingRows{{at: census, units: map[string]uint64{}}}, 0, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -100,4 +105,16 @@ func TestAssessFlow(t *testing.T) {
 			t.Fatalf("flow %+v", f)
 		}
 	})
+}
+
+func TestKeepPendingKeepsWhatAStallJudgementNeeds(t *testing.T) {
+	t0 := registryNow
+	var recent []pendingRows
+	for i := range 10 {
+		recent = keepPending(recent, pendingRows{at: t0.Add(time.Duration(i) * time.Second)}, 3*time.Second)
+	}
+	// The newest census at least 3s old (t0+6s) and everything newer.
+	if len(recent) != 4 || !recent[0].at.Equal(t0.Add(6*time.Second)) {
+		t.Fatalf("kept %d censuses from %s, want 4 from t0+6s", len(recent), recent[0].at.Sub(t0))
+	}
 }

@@ -67,9 +67,9 @@ type scope struct {
 	// regOffset is the registry's clock minus the operator's, as seen at
 	// the snapshot (its error is about one round trip).
 	regOffset time.Duration
-	// pending is the last census's count of pending rows per unit; nil
-	// when this process has not counted them yet.
-	pending *pendingRows
+	// pending are the recent censuses' counts of pending rows per unit,
+	// oldest first; none when this process has not counted them yet.
+	pending []pendingRows
 	// changed: a step wrote the registry, so it is read again for status.
 	changed bool
 

@@ -446,7 +446,7 @@ func activate(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *chan
 	// Now, not before: route rows over the new V. Should this fail, the
 	// next reconcile finds the new epoch active and provisions it again
 	// (ensureActiveProvisioned), whatever this process remembers.
-	if err := s.provision(ctx, r, epochTopology(w.pending), 0); err != nil {
+	if err := s.ensureProvisioned(ctx, r, epochTopology(w.pending)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("epoch %d is active; %w", w.pending.Number, err)
 	}
 	if s.topo.Spec.NATS.ShardAssignment == topologyv1.ShardAssignmentSubjectTransform && w.active != nil && w.active.Shards != w.pending.Shards {
@@ -651,11 +651,16 @@ func keepProvisioned(ctx context.Context, r *ShardTopologyReconciler, s *scope, 
 // activation (or an operator restart) the transform follows it even when
 // activate's own provisioning failed.
 func (s *scope) ensureActiveProvisioned(ctx context.Context, r *ShardTopologyReconciler, w *changeWorld) error {
-	active := epochTopology(w.active)
-	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(&s.topo.Spec, active)), s.now, reprovisionEvery) {
+	return s.ensureProvisioned(ctx, r, epochTopology(w.active))
+}
+
+// ensureProvisioned provisions t with its subject transform on its own V,
+// unless this process did exactly that within reprovisionEvery.
+func (s *scope) ensureProvisioned(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology) error {
+	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(&s.topo.Spec, t)), s.now, reprovisionEvery) {
 		return nil
 	}
-	return s.provision(ctx, r, active, 0)
+	return s.provision(ctx, r, t, 0)
 }
 
 // provisionedKey names what a Provision of l made sure of: the shape and

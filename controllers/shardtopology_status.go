@@ -44,9 +44,9 @@ type registryView struct {
 	claims map[string]poolctl.ClaimInfo
 	// activity is every member's latest activity report.
 	activity []poolctl.ActivityReport
-	// pending is what the last census counted pending per unit; nil when
-	// no census counted them.
-	pending *pendingRows
+	// pending is what the recent censuses counted pending per unit,
+	// oldest first.
+	pending []pendingRows
 }
 
 // flow judges the units' flow from the view.

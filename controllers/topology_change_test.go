@@ -278,6 +278,31 @@ func TestTransformMovesOnlyAtActivationSoARevertedChangeLeavesNoRows(t *testing.
 		t.Fatalf("stream stores %d rows, want %d", n, rows)
 	}
 	waitEvent(t, f.ns, "UnitsRetired", "0.15")
+
+	// The same change, acknowledged this time: once epoch 3 is active the
+	// transform routes over 16 shards.
+	b.holdAcks.Store(false)
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 16 })
+	st = f.waitReady(60 * time.Second)
+	if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 16 {
+		t.Fatalf("active %+v, want 1x16", a)
+	}
+	waitEvent(t, f.ns, "TransformMoved", "16 shards")
+	before := make([]uint64, 16)
+	for s := range 16 {
+		before[s] = f.pending(0, s)
+	}
+	f.publishKeys(0, rows)
+	eventually(t, 10*time.Second, func() error {
+		moved := uint64(0)
+		for s := 8; s < 16; s++ {
+			moved += f.pending(0, s) - before[s]
+		}
+		if moved == 0 {
+			return errors.New("no new row reached shards 8..15 after epoch 3 was activated")
+		}
+		return nil
+	})
 }
 
 // Pause holds the next step (starting a change, activating it) and resume

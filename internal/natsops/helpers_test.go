@@ -45,7 +45,8 @@ func mustJetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 }
 
 // mustProvision provisions l and retries while a young cluster cannot yet
-// place R3 assets (its meta leader may not know every peer).
+// place R3 assets (its meta leader may not know every peer, or not yet
+// see one online).
 func mustProvision(t testing.TB, nc *nats.Conn, l Layout) *Report {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -54,7 +55,8 @@ func mustProvision(t testing.TB, nc *nats.Conn, l Layout) *Report {
 		if err == nil {
 			return rep
 		}
-		if time.Now().After(deadline) || !strings.Contains(err.Error(), "insufficient resources") {
+		young := strings.Contains(err.Error(), "insufficient resources") || strings.Contains(err.Error(), "no suitable peers")
+		if time.Now().After(deadline) || !young {
 			t.Fatalf("provision: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)

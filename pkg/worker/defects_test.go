@@ -112,12 +112,16 @@ func TestShutdownKeepsRenewingWhileItDrains(t *testing.T) {
 // checks P5 (liveness), P3
 func TestALateFenceDoesNotLeaveTheMemberFenced(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
-	a := startSDK(t, f, "w-0", nil, nil)
+	p := f.Opts.Params
+	// A wide fence margin: the member fences itself a quarter of the way
+	// into its lease, so its renewal after the fence still finds the lease
+	// live (the registry saw no lapse, only the member's own fence).
+	a := startSDK(t, f, "w-0", nil, func(o *worker.Options) { o.FenceMargin = p.LeaseTTL * 3 / 4 })
 	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
 
-	// Hold renewals past the self-fence; the fence's registry call
-	// "times out" and lands 2 renew intervals after the recovery.
-	p := f.Opts.Params
+	// Hold renewals past the self-fence; the fence's registry call "times
+	// out" and reaches the registry a whole lease later, after the member
+	// recovered and lifted it.
 	a.reg.mu.Lock()
 	a.reg.lateFence = p.LeaseTTL
 	a.reg.mu.Unlock()
@@ -131,6 +135,9 @@ func TestALateFenceDoesNotLeaveTheMemberFenced(t *testing.T) {
 	a.reg.releaseRenewals()
 	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
 	a.reg.late.Wait() // the late Fence has landed
+	if n := a.counter(t, "shardkeeper_worker_joins_total"); n != 1 {
+		t.Fatalf("setup: the member lost its lease (joined %v times); the late fence tested nothing", n)
+	}
 
 	f.ChangeTopology(1, 4)
 	waitHolding(t, a, 30*time.Second, "0.0", "0.1", "0.2", "0.3")

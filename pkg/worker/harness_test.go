@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
@@ -33,7 +34,8 @@ type faultyRegistry struct {
 	// and reach the registry only that much later: a request that arrived
 	// after the caller gave up on it.
 	lateFence time.Duration
-	// loseClaimReply makes the next ClaimMany commit and lose its reply.
+	// loseClaimReply makes the next ClaimMany that adopts a unit commit
+	// and lose its reply.
 	loseClaimReply bool
 	// claimGate, when set, holds the next ClaimMany until it is closed.
 	claimGate chan struct{}
@@ -74,18 +76,33 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 
 func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, under int64, units []string) ([]poolctl.ClaimOutcome, error) {
 	r.mu.Lock()
-	lose, gate := r.loseClaimReply, r.claimGate
-	r.loseClaimReply, r.claimGate = false, nil
+	gate := r.claimGate
+	r.claimGate = nil
 	r.mu.Unlock()
 	if gate != nil {
 		<-gate
 		ctx = context.Background() // the request was sent; it completes
 	}
 	outs, err := r.Registry.ClaimMany(ctx, m, under, units)
-	if lose && err == nil {
-		return nil, errors.New("claim reply lost (test)")
+	if err == nil && adopts(outs) {
+		r.mu.Lock()
+		lose := r.loseClaimReply
+		r.loseClaimReply = false
+		r.mu.Unlock()
+		if lose {
+			return nil, errors.New("claim reply lost (test)")
+		}
 	}
 	return outs, err
+}
+
+func adopts(outs []poolctl.ClaimOutcome) bool {
+	for _, o := range outs {
+		if o.Err == nil && o.Claim.Adopted {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *faultyRegistry) holdRenewals() chan struct{} {
@@ -131,7 +148,7 @@ func startSDK(t *testing.T, f *fleettest.Fleet, member string, handler worker.Ha
 	s := &sdkWorker{reg: &faultyRegistry{Registry: pg}, hist: &history.Memory{}, metrics: prometheus.NewRegistry(),
 		done: make(chan error, 1), topology: f.Topology}
 	o := worker.Options{Topology: f.Topology, Member: member, Registry: s.reg, NATS: f.NATS.Connect(-1), Handler: handler,
-		DrainTimeout: f.Opts.DrainTimeout, History: s.hist, Metrics: s.metrics}
+		DrainTimeout: f.Opts.DrainTimeout, History: s.hist, Metrics: s.metrics, Logger: testr.New(t)}
 	if tweak != nil {
 		tweak(&o)
 	}
