@@ -48,6 +48,13 @@ func TestWatchNamespaceFromFlagsAndEnvironment(t *testing.T) {
 	}
 }
 
+func TestVersionFlagNeedsNothingElse(t *testing.T) {
+	_, _, showVersion, err := parseFlags([]string{"--version"}, func(string) string { return "" }, io.Discard)
+	if err != nil || !showVersion {
+		t.Fatalf("--version: show %v, err %v", showVersion, err)
+	}
+}
+
 func TestMetricsAreSecureByDefault(t *testing.T) {
 	o, _, _, err := parseFlags(nil, func(string) string { return "" }, io.Discard)
 	if err != nil {

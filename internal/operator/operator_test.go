@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -23,7 +25,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -50,8 +54,20 @@ type bed struct {
 	requests   *requestLog
 }
 
+func TestMain(m *testing.M) {
+	// SHARDKEEPER_TEST_LOG=1 shows the operator's logs.
+	if os.Getenv("SHARDKEEPER_TEST_LOG") == "1" {
+		ctrl.SetLogger(zap.New(zap.UseDevMode(true)))
+	} else {
+		ctrl.SetLogger(logr.Discard())
+	}
+	os.Exit(m.Run())
+}
+
 // startBed starts a control plane, applies manifests (rendered RBAC) and
-// returns a config of the operator's ServiceAccount.
+// returns a config of the operator's ServiceAccount. Each test gets a
+// control plane of its own: the RBAC under test is cluster-scoped, and one
+// test's bindings would lend the next one permissions.
 func startBed(t *testing.T, manifests []byte) *bed {
 	t.Helper()
 	env, err := kubetest.Start()
