@@ -7,6 +7,9 @@
 #   make docker-build IMG=registry.example/shardkeeper:v0.1.0 \
 #                     WORKER_IMG=registry.example/shardkeeper-worker:v0.1.0
 #
+# The context must hold both binaries whichever target is built: Docker's
+# legacy builder (no BuildKit) builds every stage up to the target.
+#
 # BASE_IMAGE defaults to distroless static (non-root, no shell). Builds that
 # cannot pull anything, such as the tests', pass BASE_IMAGE=scratch: the
 # binaries need nothing from the base, since the CA bundle comes from here.
