@@ -2,6 +2,7 @@ package verify
 
 import (
 	"bufio"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -38,15 +39,20 @@ var rbacMarker = regexp.MustCompile(`^\s*//\s*\+kubebuilder:rbac:(.+)$`)
 // the code declares, not against the generator.
 func markerGrants(t *testing.T, dir string) map[grant]string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	// The same files hack/generate.sh gives controller-gen
+	// (paths=./controllers/...): every non-test Go file below dir.
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			files = append(files, path)
+		}
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[grant]string{}
 	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
 		fh, err := os.Open(f)
 		if err != nil {
 			t.Fatal(err)
@@ -68,7 +74,8 @@ func markerGrants(t *testing.T, dir string) map[grant]string {
 			if _, ok := fields["namespace"]; ok {
 				t.Fatalf("%s:%d: namespaced RBAC markers are not expected by this check", f, line)
 			}
-			where := filepath.Base(f) + ":" + strconv.Itoa(line)
+			rel, _ := filepath.Rel(dir, f)
+			where := rel + ":" + strconv.Itoa(line)
 			for _, g := range expand(fields["groups"], fields["resources"], fields["resourceNames"], fields["verbs"]) {
 				out[g] = where
 			}
