@@ -109,14 +109,13 @@ func independentUnits(topo ownership.Topology, replicas, ordinal int) ([]ownersh
 	return ownership.Place(topo.Units(), slots).UnitsOf(ownership.Slot(ordinal)), nil
 }
 
-// pullIndependently takes the unit's pin once at start, then pulls and
-// writes until ctx ends. Nothing checks that another pod still pulls it.
+// pullIndependently pulls the unit and writes until ctx ends; nothing
+// checks that another pod still pulls it. On a pinned consumer it takes the
+// pin once, at start; on a plain pull consumer (what fleets hashing on
+// their own run) every pod that pulls gets rows.
 // It records its deliveries in the same history as the SDK does (with no
 // claim: epoch 0), so the checker judges both strategies alike.
 func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config, rec *history.FileRecorder) {
-	if s, err := js.Stream(ctx, ref.Stream); err == nil {
-		_ = s.UnpinConsumer(ctx, ref.Name, natsops.PriorityGroup)
-	}
 	record := func(r history.Record) {
 		if rec != nil {
 			r.Unit, r.Member = u.String(), cfg.member
@@ -132,9 +131,19 @@ func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpoo
 				continue
 			}
 			cons = c
+			if pinned(cons) {
+				// Take the pin once, at start; nothing re-checks it.
+				if s, err := js.Stream(ctx, ref.Stream); err == nil {
+					_ = s.UnpinConsumer(ctx, ref.Name, natsops.PriorityGroup)
+				}
+			}
+		}
+		opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(time.Second)}
+		if pinned(cons) {
+			opts = append(opts, jetstream.FetchPriorityGroup(natsops.PriorityGroup))
 		}
 		start := history.Now()
-		batch, err := cons.Fetch(cfg.fetchBatch, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+		batch, err := cons.Fetch(cfg.fetchBatch, opts...)
 		if err != nil {
 			time.Sleep(200 * time.Millisecond)
 			continue
@@ -159,6 +168,12 @@ func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpoo
 		}
 		record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
 	}
+}
+
+// pinned says the consumer serves one pinned client of the priority group
+// (the operator's consumers); a plain pull consumer serves every puller.
+func pinned(c jetstream.Consumer) bool {
+	return c.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned
 }
 
 func errDetail(err error) string {

@@ -60,6 +60,11 @@ type Layout struct {
 	AckWait time.Duration
 	// Assignment says who picks a row's shard; empty means publishers.
 	Assignment ShardAssignment
+	// Unpinned provisions plain pull consumers, without the pinned
+	// priority group, as fleets that hash on their own run them. Only the
+	// independent baseline the end-to-end tests measure uses it: without a
+	// pin, two processes pulling one consumer both get rows.
+	Unpinned bool
 	// TransformShards is the shard count the stream subject transform
 	// hashes over under AssignByTransform; 0 means Shards. A topology
 	// change provisions the new shape's consumers with the active shape's
@@ -247,7 +252,7 @@ func (l Layout) StreamConfig(p int) api.StreamConfig {
 // a durable pull consumer, ack explicit, deliver all, unlimited delivery,
 // pinned to one client of PriorityGroup for PinnedTTL.
 func (l Layout) ConsumerConfig(p, s int) api.ConsumerConfig {
-	return api.ConsumerConfig{
+	c := api.ConsumerConfig{
 		Durable:        l.ConsumerDurable(p, s),
 		Name:           l.ConsumerDurable(p, s),
 		FilterSubject:  l.FilterSubject(p, s),
@@ -261,4 +266,8 @@ func (l Layout) ConsumerConfig(p, s int) api.ConsumerConfig {
 		PriorityGroups: []string{PriorityGroup},
 		PinnedTTL:      l.PinnedTTL,
 	}
+	if l.Unpinned {
+		c.PriorityPolicy, c.PriorityGroups, c.PinnedTTL = api.PriorityNone, nil, 0
+	}
+	return c
 }

@@ -63,10 +63,16 @@ func newConfirmFixture(tb testing.TB) *confirmFixture {
 	for err := range errs {
 		tb.Fatal(err)
 	}
-	f.proxy = faultproxy.New(tb, pgAddr(tb))
-	f.proxy.SetLatency(benchLatency)
+	f.proxy = newProxy(tb, benchLatency)
 	f.slow = New(newPool(tb, viaAddr(tb, dsn, f.proxy.Addr()), 1))
 	return f
+}
+
+// newProxy is a proxy to the test server adding latency each way.
+func newProxy(tb testing.TB, latency time.Duration) *faultproxy.Proxy {
+	p := faultproxy.New(tb, pgAddr(tb))
+	p.SetLatency(latency)
+	return p
 }
 
 // measure runs f and returns its duration and the round trips it took.

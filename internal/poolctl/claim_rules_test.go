@@ -53,8 +53,8 @@ func TestRetiringUnitsCanBeDrainedAfterAShrink(t *testing.T) {
 		must(t, r.Activate(ctx, topo, e2))
 		must(t, r.Release(ctx, c2.Token))
 
-		// x's lease lapses past the grace; y stays live.
-		for i := 0; i < 5; i++ {
+		// x's lease lapses (60s); y stays live. Within the grace (30s):
+		for i := 0; i < 4; i++ {
 			must(t, r.ShiftClock(ctx, topo, 20*time.Second))
 			_, err := r.Renew(ctx, y.MemberRef)
 			must(t, err)
@@ -70,16 +70,22 @@ func TestRetiringUnitsCanBeDrainedAfterAShrink(t *testing.T) {
 			t.Fatalf("retiring set %v, want %v", snap.Retiring, want)
 		}
 		wantErr(t, "a bad retiring unit", r.SetRetiring(ctx, topo, []string{"x"}), ErrInvalid)
+		var he *HeldError
+		if _, err := r.Claim(ctx, y.MemberRef, e2, "0.3"); !errors.As(err, &he) || he.Reason != HeldOwnerGrace {
+			t.Fatalf("claim of retiring 0.3 within x's grace: %v", err)
+		}
+		// A free retiring unit is claimable at once.
+		free, err := r.Claim(ctx, y.MemberRef, e2, "0.2")
+		must(t, err)
+		if free.Adopted || free.Epoch != c2.Epoch+1 {
+			t.Fatalf("claim of free retiring 0.2: %+v", free)
+		}
+		must(t, r.ShiftClock(ctx, topo, 20*time.Second)) // past the grace
 
 		adopt, err := r.Claim(ctx, y.MemberRef, e2, "0.3")
 		must(t, err)
 		if !adopt.Adopted || adopt.From != "x" {
 			t.Fatalf("claim of retiring 0.3 held by lapsed x: %+v", adopt)
-		}
-		free, err := r.Claim(ctx, y.MemberRef, e2, "0.2")
-		must(t, err)
-		if free.Adopted || free.Epoch != c2.Epoch+1 {
-			t.Fatalf("claim of free retiring 0.2: %+v", free)
 		}
 		if _, err := r.Claim(ctx, y.MemberRef, e2, "0.5"); err != nil {
 			t.Fatalf("claim of a never-claimed retiring unit: %v", err)

@@ -11,11 +11,12 @@
 //
 // # Backends
 //
-// Registry is implemented by PG (PostgreSQL through a pgx/v5 pool, built
-// with Open from a Config holding the DSN, or with New from a pool) and by
-// Twin, an in-memory twin with an injectable clock. Both apply the same
-// rules (rules.go) to the state they read, and the fault matrix and the
-// property test require them to answer every call alike.
+// Registry (and HistoryReader) is implemented by PG (PostgreSQL through a
+// pgx/v5 pool, built with Open from a Config holding the DSN, or with New
+// from a pool) and by Twin, an in-memory twin with an injectable clock.
+// Both apply the same rules (rules*.go) to the state they read, and the
+// fault matrix and the property test require them to answer every call
+// alike.
 //
 // Units are named "p.s" and every key includes a topology id, conventionally
 // the ShardTopology's "namespace/name"; one registry serves many topologies.
@@ -29,17 +30,60 @@
 // a binary older than the schema refuses it (ErrSchemaTooNew). Tables:
 // topologies (lease parameters, incarnation counter), epochs (one active, at
 // most one pending), freeze_acks, members (one row per pod name, kept after
-// it leaves), claims (one row per unit ever claimed) and reset_permissions.
+// it leaves), claims (one row per unit ever claimed), retiring_units,
+// unit_activity, reset_permissions, and the append-only claim_history and
+// lease_history, which triggers fill so that no writer can forget them.
+//
+// # Sessions
+//
+// Open sets three timeouts on every connection (Config): statement_timeout
+// (30s), lock_timeout (5s) and idle_in_transaction_session_timeout (10s).
+// A worker SIGSTOPped or cut off inside a transaction holds FOR SHARE locks
+// on member and epoch rows, which Activate and rejoins need; the server
+// ends such a session after the idle timeout, and a statement queued
+// behind a lock fails after the lock timeout with an error the caller
+// retries, rather than every later claim queueing behind it.
 //
 // # Clock
 //
-// Expiry is judged on the database's clock only (shardkeeper.clock, which is
-// clock_timestamp() plus a per-topology offset that production leaves at
-// zero; tests move it with ShiftClock instead of sleeping). No operation
-// takes a time from its caller. Renew returns the lease TTL; the registry
-// counts it from when it ran the request, which is never before the caller
-// sent it, so a worker that fences itself at sent+TTL-margin on its own
-// monotonic clock stops before the registry can see its lease as expired.
+// Expiry is judged on the database's clock only: shardkeeper.clock is the
+// primary's clock_timestamp(). No operation takes a time from its caller.
+// Renew returns the lease TTL; the registry counts it from when it ran the
+// request, which is never before the caller sent it, so a worker that
+// fences itself at sent+TTL-margin on its own monotonic clock stops before
+// the registry can see its lease as expired.
+//
+// Tests move a topology's clock with ShiftClock instead of sleeping. The
+// offset is added only in sessions where shardkeeper.test_clock is on,
+// which pgtest sets for test databases (ALTER DATABASE ... SET), and a
+// trigger refuses to change it anywhere else; production cannot move its
+// clock by accident (anyone who can set the setting can also edit the
+// tables, so it is a guard, not a security boundary).
+//
+// What the registry's clock cannot do is ignore the primary's wall clock:
+//   - An NTP step forward expires every lease early by the step. Members
+//     fence themselves on their own monotonic clocks at sent+TTL-margin, so
+//     a member still renewing on time has fenced itself before anyone can
+//     adopt only if the step is smaller than its margin plus the grace; a
+//     larger step lets an adoption start while the old owner still
+//     delivers (the guard still refuses its writes, which carry the old
+//     epoch).
+//   - A step backward extends every lease by the step: a crashed member's
+//     units wait longer before adoption. Safe, but slow.
+//   - A failover to a replica whose clock is behind extends every lease by
+//     the skew, as a step backward; one whose clock is ahead shortens them,
+//     as a step forward.
+//   - So: run chrony or ntpd in slewing mode (no steps once synchronized)
+//     on the database hosts, and keep their skew well below the grace.
+//
+// History times are clock_timestamp() without the test offset (the wall
+// clock of the database host), so the history checker can compare them
+// with other processes' clocks; an event's time is when the change was
+// made inside its transaction, which commits right after. Lease events
+// carry their expiry moved onto the same clock. Epochs keep activated_at
+// and retired_at on the registry's clock (they are part of its state) and
+// activated_wall_at and retired_wall_at on the history's, which
+// EpochHistory returns.
 //
 // # Decisions
 //
@@ -49,28 +93,73 @@
 //     member that is not live). An expired lease cannot be renewed
 //     (ErrLeaseExpired): the worker joins again. Leave refuses while the
 //     member holds any claim (ErrStillHolding); it never releases silently.
+//     Join and Renew return the topology's Params with the lease, so a
+//     member knows its fence margin from its first lease.
 //   - Claims. A row is absent only if the unit was never claimed. Release
 //     keeps the row as free (owner NULL) with its fencing epoch, so the epoch
 //     grows by one at every owner change and never goes back, across release
 //     and re-claim. Free and absent units are claimable at once.
+//   - Batches. Claim is ClaimMany of one unit: one transaction of two
+//     round trips once its statements are prepared, whatever the number of
+//     units (BEGIN and the read in one pipeline, the decisions in Go, the
+//     write and COMMIT in another). The read locks the claim rows FOR
+//     UPDATE in unit order (so concurrent batches cannot deadlock) and the
+//     claimer, the owners and the active epoch FOR SHARE; the write is one
+//     INSERT ... ON CONFLICT DO UPDATE whose rows are each a compare-and-set
+//     on the epoch decided from. Each unit gets its own outcome; the batch
+//     fails as a whole only for what concerns all of it (the connection, an
+//     unknown topology). A unit named twice gets one decision. Release is
+//     ReleaseMany of one token, one statement: each token is judged against
+//     the rows as they were before the batch.
 //   - Ownership belongs to the member (pod name); the incarnation that last
 //     claimed or confirmed a unit is recorded on the row. Whether a held
 //     unit may be adopted is judged by its member's current lease, so a
 //     member that rejoins at once protects its units even before it
 //     confirms them. Writes are valid only from the recorded incarnation, so
-//     a rejoin makes the old incarnation's tokens stale at once;
-//     ConfirmOwned (or a Claim of its own unit) re-homes the claims onto the
-//     new incarnation and raises their epochs by one.
+//     a rejoin makes the old incarnation's tokens stale at once.
+//   - Re-homing. ConfirmOwned (or a Claim of the member's own unit) moves
+//     claims of earlier incarnations onto the new one and raises their
+//     epochs by one, but only once the previous incarnation's lease expiry
+//     (recorded by Join when it had not left) plus the grace has passed: a
+//     second process under the same pod name may still be delivering until
+//     it fences itself. Before that Claim refuses with
+//     HeldPreviousIncarnation and ConfirmOwned reports the units in
+//     Confirmation.Waiting, in neither Held (no valid token yet) nor Moved
+//     (nobody else may take them: the member is live). A rejoin long after
+//     the lease lapsed (the registry-outage path) re-homes at once. A Claim
+//     that re-homes says Rehomed, From being the member itself.
 //   - Adoption (P5): a unit held by X may be claimed by Y only when the
 //     registry's clock is at least X's lease expiry plus the grace, Y is not
 //     fenced, and Y's last fence lifted at least the grace ago. A join after
 //     a lapsed lease counts as lifting the member's self-fence. Params.Validate
 //     requires grace >= renew interval + query bound.
+//   - Repeats. The row records its last claim decision when it was an
+//     adoption (adopted_from) or a re-home (rehomed); every other transition
+//     clears them. A Claim by the incarnation that holds the unit takes no
+//     new decision and reports the recorded Adopted, Rehomed and From, so a
+//     retry after a lost reply still knows the old owner's pin and unacked
+//     rows are its to lift. Settled is not recorded: a settled handover
+//     left nothing to lift.
 //   - Handover records an intent (the owner has stopped delivering); the unit
 //     stays held by the owner, row and all, until the target's claim (or
 //     anyone's, for an open handover) or the owner's release settles it.
-//   - Fence forbids every claim; Unfence allows free units at once and
-//     adoption after the grace. A repeated Unfence does not move the lift.
+//   - Fences have generations: the worker numbers its local fences (from 1
+//     in each incarnation; Join starts the registry at 0). Fence of
+//     generation g applies only when g is above the recorded generation,
+//     and Unfence of g lifts every fence up to g; anything older is a no-op,
+//     not an error, so a Fence sent asynchronously that arrives after its
+//     Unfence changes nothing. Fence forbids every claim; Unfence allows
+//     free units at once and adoption after the grace. A repeated Unfence
+//     does not move the lift.
+//   - Draining. SetDraining marks a member whose pod the operator is about
+//     to restart: every member leaves its slot out of placement, and the
+//     member itself claims nothing (ErrDraining) while it hands over. The
+//     mark survives rejoins until cleared.
+//   - Retiring units. A unit outside the active epoch's shape is refused
+//     (ErrUnitOutOfRange) unless it is in the topology's retiring set
+//     (SetRetiring replaces it, in one statement): then the usual rules
+//     apply (free and never-claimed units at once, adoption under P5), so
+//     someone drains a retired unit's rows even if its owner died.
 //   - Topology epochs: CreatePending freezes claims (ErrFrozen) while held
 //     units keep flowing; Activate requires every live member's current
 //     incarnation to have acknowledged and retires the previous epoch in the
@@ -89,13 +178,34 @@
 //     may deliver it.
 //   - ConfirmOwned is one statement, one round trip once prepared, for any
 //     number of claims: the batch path after a fence lifts.
+//   - Activity. ReportActivity replaces the member's report (one statement:
+//     rows for units no longer reported go): per unit, when it last pulled
+//     and last received rows, sent as ages on the member's clock and stored
+//     as times on the registry's, so no two clocks are compared. It needs
+//     the member's current incarnation but not a live lease. The operator
+//     reads Activity to find units pulled by two members and owned units
+//     that do not flow (P7): no report means nothing measured, not zero.
+//   - History. Triggers append a claim event whenever a claim row is new or
+//     its owner, incarnation, epoch or state changed (never for a
+//     checkpoint), with the writer's last_op (claim, adopt, rehome, settle,
+//     handover, release) and the epoch a claim was decided under, and a
+//     lease event whenever a member row is new or its incarnation, expiry
+//     or departure changed. HistoryReader reads them in order; PruneHistory
+//     deletes events older than a time. The twin records the same events.
 //   - Snapshot reads in one statement what a worker needs each tick (clock,
 //     parameters, active and pending epochs with acknowledgements, members
-//     with liveness, fences and holdings, the RESET permission and its age
-//     on the registry's clock) and the counts the operator reports.
+//     with liveness, fences and holdings, the retiring set, the RESET
+//     permission with the census floor and server versions and its age on
+//     the registry's clock) and the counts the operator reports.
 //
 // Every operation is one statement or one transaction. Errors are wrapped
 // with context and match the sentinels in errors.go; IsConnectionError tells
 // a refusal by the rules from an unknown outcome. The package does not log;
 // the DSN never appears in its errors (pgx redacts the password).
+//
+// # Tests
+//
+// PostgreSQL starts on the first test that needs it; a test that needs it
+// and cannot have it fails with the reason. go test -run Twin runs the
+// tests that need no PostgreSQL (the twin's half of the fault matrix).
 package poolctl

@@ -117,8 +117,28 @@ type backend struct {
 // backends are the twin and PostgreSQL.
 func backends() []backend {
 	return []backend{
-		{"Twin", func(testing.TB) testRegistry { return NewTwin(nil) }},
+		{"Twin", func(testing.TB) testRegistry { return NewTwin(risingClock()) }},
 		{"Postgres", func(t testing.TB) testRegistry { pg, _ := newPG(t); return pg }},
+	}
+}
+
+// risingClock is the wall clock, made to rise by at least a microsecond
+// (the registry's resolution) between reads, as clock_timestamp() does
+// between statements: history events get distinct times.
+func risingClock() func() time.Time {
+	var (
+		mu   sync.Mutex
+		last time.Time
+	)
+	return func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now().Truncate(time.Microsecond)
+		if !now.After(last) {
+			now = last.Add(time.Microsecond)
+		}
+		last = now
+		return now
 	}
 }
 

@@ -433,13 +433,28 @@ func TestSnapshotCarriesResetPermissionAndUnknownTopologiesFail(t *testing.T) {
 		if s.Reset.Published || s.Params != testParams || s.Active == nil || s.Now.IsZero() {
 			t.Fatalf("fresh snapshot %+v", s)
 		}
-		must(t, r.PublishResetPermission(ctx, topo, ResetPermission{Allowed: true, CensusAge: 3 * time.Second, Reason: "all at 2.14.9"}))
+		servers := map[string]string{"n1": "2.14.9", "n2": "2.14.9", "leaf-a": ""}
+		must(t, r.PublishResetPermission(ctx, topo, ResetPermission{Allowed: true, CensusAge: 3 * time.Second, Reason: "all at 2.14.9",
+			Floor: "2.14.0", Servers: servers}))
+		servers["n1"] = "changed by the caller afterwards"
 		must(t, r.ShiftClock(ctx, topo, 10*time.Second))
 		s, err = r.Snapshot(ctx, topo)
 		must(t, err)
 		if !s.Reset.Published || !s.Reset.Allowed || s.Reset.Reason != "all at 2.14.9" ||
 			s.Reset.CensusAge < 13*time.Second || s.Reset.CensusAge > 15*time.Second {
 			t.Fatalf("reset permission %+v", s.Reset)
+		}
+		// A worker checks the consumer's servers against the census at the
+		// moment it would RESET (P4): the detail comes back as published.
+		if want := map[string]string{"n1": "2.14.9", "n2": "2.14.9", "leaf-a": ""}; s.Reset.Floor != "2.14.0" ||
+			!reflect.DeepEqual(s.Reset.Servers, want) {
+			t.Fatalf("census detail: floor %q servers %v", s.Reset.Floor, s.Reset.Servers)
+		}
+		must(t, r.PublishResetPermission(ctx, topo, ResetPermission{Reason: "census failed"}))
+		s, err = r.Snapshot(ctx, topo)
+		must(t, err)
+		if s.Reset.Allowed || s.Reset.Floor != "" || s.Reset.Servers != nil {
+			t.Fatalf("a later verdict without detail: %+v", s.Reset)
 		}
 		_, err = r.Snapshot(ctx, "ns/none")
 		wantErr(t, "snapshot", err, ErrUnknownTopology)

@@ -106,8 +106,9 @@ func runScenario(t *testing.T, s strategy, in scenarioInput, ns string) scenario
 }
 
 // unmovedGaps finds, from the delivery history, the units exactly one
-// process delivered between from and to, and the longest gap between
-// consecutive first writes of their rows in that window.
+// member (pod) delivered between from and to, and the longest gap between
+// consecutive first writes of their rows in that window (a pod restart
+// shows up as a gap).
 func unmovedGaps(t *testing.T, f *fleettest.Fleet, d fleettest.Delivery, from, to time.Time) (int, time.Duration) {
 	procs, err := history.ReadDir(f.HistoryDir)
 	if err != nil {
@@ -123,7 +124,7 @@ func unmovedGaps(t *testing.T, f *fleettest.Fleet, d fleettest.Delivery, from, t
 			if who[rec.Unit] == nil {
 				who[rec.Unit] = map[string]bool{}
 			}
-			who[rec.Unit][p.Name] = true
+			who[rec.Unit][rec.Member] = true
 		}
 	}
 	n, gap := 0, time.Duration(0)

@@ -244,10 +244,13 @@ func (s *independent) RollPods(w *world) {
 }
 
 // provision creates the consumers of topo (what a deploy pipeline does
-// before rolling the workers; nothing is retired).
+// before rolling the workers; nothing is retired). They are plain pull
+// consumers, without the pinned priority group the operator provisions:
+// fleets that hash on their own run them so, and two pods pulling one
+// consumer then both get rows.
 func (s *independent) provision(w *world, topo ownership.Topology) {
 	l := w.fleet.Layout
-	l.Partitions, l.Shards = topo.Partitions, topo.Shards
+	l.Partitions, l.Shards, l.Unpinned = topo.Partitions, topo.Shards, true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := natsops.Provision(ctx, w.fleet.NATS.Connect(0), l); err != nil {

@@ -268,6 +268,9 @@ func serverCredential() (*syscall.Credential, error) {
 // /usr/lib/postgresql/<major>/bin.
 func binDir() (string, error) {
 	if d := os.Getenv("SHARDKEEPER_PG_BIN"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "postgres")); err != nil {
+			return "", fmt.Errorf("SHARDKEEPER_PG_BIN=%s: %w", d, ErrNoBinaries)
+		}
 		return d, nil
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")

@@ -1,0 +1,64 @@
+package poolctl
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// The issue's "status must not show a reassuring 0 when nothing was
+// measured": members report what they pulled, on the registry's clock, and
+// a report replaces the member's previous one. checks P7
+func TestActivityReportReplacesTheMembersPrevious(t *testing.T) {
+	forBackends(t, func(t *testing.T, r testRegistry) {
+		ctx := context.Background()
+		topo := newTopology(t, r, testParams, 1, 4)
+		a, _ := r.Join(ctx, topo, "a")
+		b, _ := r.Join(ctx, topo, "b")
+		must(t, r.ReportActivity(ctx, a.MemberRef, []UnitActivity{
+			{Unit: "0.0", Epoch: 1, SinceFetch: 2 * time.Second, SinceRows: 5 * time.Second},
+			{Unit: "0.1", Epoch: 3, SinceFetch: time.Second, SinceRows: -1},
+		}))
+		must(t, r.ReportActivity(ctx, b.MemberRef, []UnitActivity{{Unit: "0.1", Epoch: 4, SinceFetch: -1, SinceRows: -1}}))
+		got, err := r.Activity(ctx, topo)
+		must(t, err)
+		if len(got) != 3 || got[0].Unit != "0.0" || got[1].Member != "a" || got[2].Member != "b" {
+			t.Fatalf("activity %+v", got)
+		}
+		r0 := got[0]
+		if r0.Incarnation != a.Incarnation || r0.Epoch != 1 || r0.ReportedAt.Sub(r0.LastFetch) != 2*time.Second ||
+			r0.ReportedAt.Sub(r0.LastRows) != 5*time.Second {
+			t.Fatalf("a's report on 0.0: %+v", r0)
+		}
+		if !got[1].LastRows.IsZero() || !got[2].LastFetch.IsZero() {
+			t.Fatalf("never is reported as a time: %+v", got[1:])
+		}
+		snap, err := r.Snapshot(ctx, topo)
+		must(t, err)
+		if d := snap.Now.Sub(r0.ReportedAt); d < 0 || d > 5*time.Second {
+			t.Fatalf("reported at %v, registry clock %v", r0.ReportedAt, snap.Now)
+		}
+
+		// a's next report replaces its rows; b's stay. It needs a's current
+		// incarnation, not a live lease.
+		must(t, r.ShiftClock(ctx, topo, 2*time.Minute))
+		must(t, r.ReportActivity(ctx, a.MemberRef, []UnitActivity{{Unit: "0.2", Epoch: 1, SinceFetch: 0, SinceRows: 0}}))
+		got, err = r.Activity(ctx, topo)
+		must(t, err)
+		if len(got) != 2 || got[0].Unit != "0.1" || got[0].Member != "b" || got[1].Unit != "0.2" || got[1].Member != "a" {
+			t.Fatalf("after a's second report: %+v", got)
+		}
+		a2, _ := r.Join(ctx, topo, "a")
+		wantErr(t, "report by a superseded incarnation", r.ReportActivity(ctx, a.MemberRef, nil), ErrStaleIncarnation)
+		wantErr(t, "a unit reported twice", r.ReportActivity(ctx, a2.MemberRef, []UnitActivity{{Unit: "0.1"}, {Unit: "0.1"}}), ErrInvalid)
+		wantErr(t, "a bad unit", r.ReportActivity(ctx, a2.MemberRef, []UnitActivity{{Unit: "zero"}}), ErrInvalid)
+		must(t, r.ReportActivity(ctx, a2.MemberRef, nil))
+		got, err = r.Activity(ctx, topo)
+		must(t, err)
+		if len(got) != 1 || got[0].Member != "b" {
+			t.Fatalf("after a's empty report: %+v", got)
+		}
+		_, err = r.Activity(ctx, "ns/none")
+		wantErr(t, "activity of an unknown topology", err, ErrUnknownTopology)
+	})
+}
