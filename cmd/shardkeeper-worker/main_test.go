@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,7 @@ func TestConfigRefusesMissingAndBadFlagsByName(t *testing.T) {
 		{"unknown strategy", []string{"--strategy", "yolo"}, "--strategy must be sequenced or independent"},
 		{"independent needs replicas", []string{"--strategy", "independent"}, "--replicas must be at least 1"},
 		{"unknown flag", []string{"--frobnicate"}, "frobnicate"},
+		{"version needs nothing else", []string{"--version", "--topology", ""}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,11 +40,47 @@ func TestConfigRefusesMissingAndBadFlagsByName(t *testing.T) {
 			case tt.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
 			case tt.want == "":
-				if c.sinkDSN != c.registryDSN {
+				if !c.showVersion && c.sinkDSN != c.registryDSN {
 					t.Fatalf("sink DSN defaults to %q, want the registry's", c.sinkDSN)
 				}
 			case err == nil || !errors.Is(err, errBadFlag) || !strings.Contains(err.Error(), tt.want):
 				t.Fatalf("error %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDrainTimeoutFromFlagOrEnvironment(t *testing.T) {
+	base := map[string]string{"POD_NAME": "ingest-0", "NATS_URL": "nats://x:4222", "REGISTRY_DSN": "postgres://r", "SHARDKEEPER_TOPOLOGY": "ns/t"}
+	tests := []struct {
+		name    string
+		env     string
+		args    []string
+		want    time.Duration
+		wantErr string
+	}{
+		{name: "default", want: 10 * time.Second},
+		{name: "environment", env: "30s", want: 30 * time.Second},
+		{name: "the flag wins", env: "30s", args: []string{"--drain-timeout", "5s"}, want: 5 * time.Second},
+		{name: "a bad value is refused by name", env: "soon", wantErr: "WORKER_DRAIN_TIMEOUT must be a positive duration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			getenv := func(k string) string {
+				if k == "WORKER_DRAIN_TIMEOUT" {
+					return tt.env
+				}
+				return base[k]
+			}
+			c, err := parseConfig(tt.args, getenv)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || c.drainTimeout != tt.want {
+				t.Fatalf("drain timeout %s (err %v), want %s", c.drainTimeout, err, tt.want)
 			}
 		})
 	}

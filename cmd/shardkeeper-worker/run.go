@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/version"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
@@ -41,7 +42,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	defer sinkPool.Close()
 	promReg := prometheus.NewRegistry()
-	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.NewCollector())
 	s, err := newSink(ctx, sinkPool, promReg)
 	if err != nil {
 		return err
@@ -71,7 +72,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		return err
 	}
 	defer srv.Close()
-	log.Info("Worker starting", "member", cfg.member, "topology", cfg.topology)
+	log.Info("Worker starting", "member", cfg.member, "topology", cfg.topology, "version", version.Get().Version, "revision", version.Get().Revision)
 	return w.Run(ctx)
 }
 

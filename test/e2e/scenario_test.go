@@ -26,6 +26,10 @@ type scenarioInput struct {
 	Replicas int32
 	// Rate is rows per second.
 	Rate int
+	// ContainerPods run as containers of WorkerContainerImage (see
+	// worldOptions).
+	ContainerPods        []string
+	WorkerContainerImage string
 }
 
 // strategy is how a fleet goes through the scenario.
@@ -64,8 +68,11 @@ const sampleEvery = 50 * time.Millisecond
 func runScenario(t *testing.T, s strategy, in scenarioInput, ns string) scenarioResult {
 	t.Helper()
 	start := time.Now()
-	w := startWorld(t, ns, fleettest.Options{Partitions: in.From.Partitions, Shards: in.From.Shards,
-		Params: fleettest.FastParams(), DrainTimeout: 5 * time.Second, AckWait: 10 * time.Second})
+	w := startWorld(t, ns, worldOptions{
+		Options: fleettest.Options{Partitions: in.From.Partitions, Shards: in.From.Shards,
+			Params: fleettest.FastParams(), DrainTimeout: 5 * time.Second, AckWait: 10 * time.Second},
+		ContainerPods: in.ContainerPods, WorkerContainerImage: in.WorkerContainerImage,
+	})
 	s.Setup(w, in.From, in.Replicas)
 	t.Logf("%s %s: fleet of %d pods ready at %s after %s", s.Name(), in.Name, in.Replicas, in.From, time.Since(start).Round(time.Second))
 
