@@ -79,6 +79,8 @@ type rollReport struct {
 	held bool
 	// inFlight are the pods between hand-over request and rejoin.
 	inFlight []topologyv1.PodRollStatus
+	// revision is the StatefulSet's update revision, the roll's target.
+	revision string
 }
 
 func (r rollReport) inFlightNames() []string {
@@ -114,6 +116,7 @@ func observePods(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctr
 		return ctrl.Result{}, err
 	}
 	s.rollWorld = w
+	s.roll.revision = w.updateRevision
 	s.roll.active = len(s.roll.inFlight) > 0 || len(w.outdated(s.roll.inFlight)) > 0
 	return ctrl.Result{}, nil
 }

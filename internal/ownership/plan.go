@@ -1,5 +1,7 @@
 package ownership
 
+import topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+
 // PlanKind says what a plan changes.
 type PlanKind string
 
@@ -17,22 +19,25 @@ type StepName string
 
 // Steps of a topology change (Freeze, Activate, HandOver, Claim, Retire)
 // and of a pod roll (per pod: HandOver, Claim, VerifyEmpty, Restart,
-// Rejoin, HandOver, Claim).
+// Rejoin, HandOver, Claim). A topology change's steps are the API's
+// (api/v1alpha1 StepFreeze...), so a plan, status.rollout.step and the
+// Events speak one vocabulary; VerifyEmpty, Restart and Rejoin are the
+// plan's finer view of a pod's HandingOver, Deleting and Rejoining.
 const (
 	// StepFreeze: every live member stops taking new claims and
 	// acknowledges the active epoch. Units already held keep flowing.
-	StepFreeze StepName = "Freeze"
+	StepFreeze = StepName(topologyv1.StepFreeze)
 	// StepActivate makes Step.Epoch the active epoch, once every live
 	// member has acknowledged the freeze.
-	StepActivate StepName = "Activate"
+	StepActivate = StepName(topologyv1.StepActivate)
 	// StepHandOver: each move's From stops fetching, lets delivered rows
 	// settle, unpins and releases the unit. Nobody holds it afterwards.
-	StepHandOver StepName = "HandOver"
+	StepHandOver = StepName(topologyv1.StepHandOver)
 	// StepClaim: each move's To claims a unit nobody holds.
-	StepClaim StepName = "Claim"
+	StepClaim = StepName(topologyv1.StepClaim)
 	// StepRetire: units that left the topology, drained to zero pending,
 	// are released and their consumers deleted.
-	StepRetire StepName = "Retire"
+	StepRetire = StepName(topologyv1.StepRetire)
 	// StepVerifyEmpty checks in the registry that Step.Member holds nothing.
 	StepVerifyEmpty StepName = "VerifyEmpty"
 	// StepRestart deletes Step.Member's pod; it is not live until it
