@@ -151,7 +151,7 @@ type Result struct {
 // Code is the exit code the command line would end with.
 func (r Result) Code() int { return plugin.CodeOf(r.Error) }
 
-// Run runs one verb as "kubectl shardkeeper <args> --kubeconfig <env's>",
+// Run runs one verb as "kubectl shardkeeper --kubeconfig <env's> <args>",
 // under a root command with kubectl's flags as the real one has.
 func (e *Env) Run(newCmd func(*plugin.Factory) *cobra.Command, args ...string) Result {
 	var out, errOut bytes.Buffer
@@ -160,7 +160,15 @@ func (e *Env) Run(newCmd func(*plugin.Factory) *cobra.Command, args ...string) R
 	f.ConfigFlags.AddFlags(root.PersistentFlags())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return plugin.Usagef("%v", err) })
 	root.AddCommand(newCmd(f))
-	root.SetArgs(append(args, "--kubeconfig", e.Kubeconfig))
+	// The kubeconfig goes first: __complete reads its last argument as
+	// the word to complete.
+	full := []string{"--kubeconfig", e.Kubeconfig}
+	if len(args) > 0 && args[0] == "__complete" {
+		full = append([]string{"__complete"}, append(full, args[1:]...)...)
+	} else {
+		full = append(full, args...)
+	}
+	root.SetArgs(full)
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	err := root.ExecuteContext(context.Background())
