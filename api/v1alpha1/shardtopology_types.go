@@ -202,11 +202,11 @@ const (
 	PhaseProvisioning Phase = "Provisioning"
 	// PhaseAwaitingApproval: a change's plan waits for a person's approval.
 	PhaseAwaitingApproval Phase = "AwaitingApproval"
-	PhaseRollingOut   Phase = "RollingOut"
-	PhaseReady        Phase = "Ready"
-	PhasePaused       Phase = "Paused"
-	PhaseStalled      Phase = "Stalled"
-	PhaseDeleting     Phase = "Deleting"
+	PhaseRollingOut       Phase = "RollingOut"
+	PhaseReady            Phase = "Ready"
+	PhasePaused           Phase = "Paused"
+	PhaseStalled          Phase = "Stalled"
+	PhaseDeleting         Phase = "Deleting"
 )
 
 // ApprovalPolicy says whether a change of N or V waits for a person.

@@ -14,7 +14,9 @@ var env *plugintest.Env
 func TestMain(m *testing.M) { plugintest.Main(m, &env) }
 
 func TestResumeRemovesTheAnnotationAndRefusesNoOps(t *testing.T) {
-	paused := func(o *topologyv1.ShardTopology) { o.Annotations = map[string]string{topologyv1.PausedAnnotation: "true"} }
+	paused := func(o *topologyv1.ShardTopology) {
+		o.Annotations = map[string]string{topologyv1.PausedAnnotation: "true"}
+	}
 	tests := []struct {
 		name          string
 		topo          func(*topologyv1.ShardTopology)
