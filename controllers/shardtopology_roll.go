@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -279,6 +280,7 @@ func (r *ShardTopologyReconciler) startPods(ctx context.Context, s *scope) (stri
 			}
 			s.changed = true
 		}
+		log.FromContext(ctx).Info("Pod asked to hand over", "member", p.name, "holds", e.Holds, "revision", p.revision, "updateRevision", w.updateRevision)
 		r.event(s, eventNormal, "PodHandoverRequested", "HandOver",
 			"pod %s (revision %s, update revision %s) asked to hand over its units before it is restarted", p.name, p.revision, w.updateRevision)
 		s.roll.inFlight = append(s.roll.inFlight, e)

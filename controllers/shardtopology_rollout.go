@@ -374,6 +374,7 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 			s.plan.Hash, topologyv1.ApproveAnnotation, epoch, w.target)
 	}
 	s.change.message = fmt.Sprintf("epoch %d (%s) pending: waiting for %d live members to acknowledge the freeze", epoch, w.target, len(w.live))
+	log.FromContext(ctx).Info("Epoch pending", "epoch", epoch, "shape", w.target.String(), "liveMembers", len(w.live))
 	r.event(s, eventNormal, "EpochPending", "Freeze",
 		"epoch %d (%s) written as pending after provisioning its consumers; %d live members must acknowledge the freeze", epoch, w.target, len(w.live))
 	return ctrl.Result{RequeueAfter: pollFast}, nil
@@ -492,6 +493,7 @@ func activate(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *chan
 	}
 	s.change.step = topologyv1.StepClaim
 	s.change.message = fmt.Sprintf("epoch %d (%s) active: waiting for every unit to be claimed", w.pending.Number, epochTopology(w.pending))
+	log.FromContext(ctx).Info("Epoch activated", "epoch", w.pending.Number, "shape", epochTopology(w.pending).String())
 	r.event(s, eventNormal, "EpochActivated", "Activate", "epoch %d (%s) is active; every live member acknowledged the freeze",
 		w.pending.Number, epochTopology(w.pending))
 	return ctrl.Result{RequeueAfter: pollFast}, nil
