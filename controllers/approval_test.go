@@ -3,6 +3,8 @@ package controllers_test
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +13,25 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/plugintest"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/status"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
 )
+
+// writeKubeconfig writes a kubeconfig reaching the test API server as an
+// administrator.
+func writeKubeconfig(t *testing.T) string {
+	t.Helper()
+	kc, err := kubetest.Kubeconfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
 
 // Under spec.rollout.approval: Manual a change of V is planned and
 // published in status.plan, but nothing is frozen until the approve
@@ -86,9 +106,22 @@ func TestManualApprovalWaitsRefusesAStaleHashAndProceedsOnTheCurrentOne(t *testi
 		return nil
 	})
 
+	// kubectl shardkeeper status -w follows the approved change to Ready,
+	// through a kubeconfig as a person would run it (README shows this
+	// output).
+	kubeconfig := writeKubeconfig(t)
+	watched := make(chan plugintest.Result, 1)
+	go func() {
+		watched <- plugintest.RunWith(kubeconfig, status.NewCmd, "status", "ingest", "-n", f.ns, "-w", "--timeout", "90s")
+	}()
 	f.update(func(o *topologyv1.ShardTopology) { o.Annotations[topologyv1.ApproveAnnotation] = current })
 	waitEvent(t, f.ns, "PlanApproved", current)
-	st = f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+	r := <-watched
+	t.Logf("kubectl shardkeeper status ingest -w (exit %d):\n%s", r.Code(), r.Out)
+	if r.Code() != 0 || !strings.Contains(r.Out, "Ready") {
+		t.Fatalf("status -w: exit %d (%v)", r.Code(), r.Error)
+	}
+	st = f.waitStatus(10*time.Second, func(o *topologyv1.ShardTopology) error {
 		if a := o.Status.ActiveEpoch; a == nil || a.Number != 2 || a.ShardsPerPartition != 8 || o.Status.Phase != topologyv1.PhaseReady {
 			return fmt.Errorf("phase %s active %+v, want Ready at epoch 2 (2x8)", o.Status.Phase, a)
 		}

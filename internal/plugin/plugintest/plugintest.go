@@ -154,6 +154,12 @@ func (r Result) Code() int { return plugin.CodeOf(r.Error) }
 // Run runs one verb as "kubectl shardkeeper --kubeconfig <env's> <args>",
 // under a root command with kubectl's flags as the real one has.
 func (e *Env) Run(newCmd func(*plugin.Factory) *cobra.Command, args ...string) Result {
+	return RunWith(e.Kubeconfig, newCmd, args...)
+}
+
+// RunWith runs one verb as Run does, against the API server kubeconfig
+// reaches: for tests that bring their own control plane (the operator's).
+func RunWith(kubeconfig string, newCmd func(*plugin.Factory) *cobra.Command, args ...string) Result {
 	var out, errOut bytes.Buffer
 	f := plugin.NewFactory(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
 	root := &cobra.Command{Use: "kubectl-shardkeeper", SilenceUsage: true, SilenceErrors: true}
@@ -162,7 +168,7 @@ func (e *Env) Run(newCmd func(*plugin.Factory) *cobra.Command, args ...string) R
 	root.AddCommand(newCmd(f))
 	// The kubeconfig goes first: __complete reads its last argument as
 	// the word to complete.
-	full := []string{"--kubeconfig", e.Kubeconfig}
+	full := []string{"--kubeconfig", kubeconfig}
 	if len(args) > 0 && args[0] == "__complete" {
 		full = append([]string{"__complete"}, append(full, args[1:]...)...)
 	} else {

@@ -291,8 +291,17 @@ func ProgressLine(t *topologyv1.ShardTopology) string {
 	if p := st.Plan; p != nil && p.State == topologyv1.PlanProposalReady {
 		step = topologyv1.StepApprove
 	}
-	return fmt.Sprintf("%-16s %-9s units moved %s %3d/%-3d  pods done %s %2d/%-2d  %s",
+	line := fmt.Sprintf("%-16s %-9s units moved %s %3d/%-3d  pods done %s %2d/%-2d  %s",
 		orDash(string(st.Phase)), step, Bar(moved, toMove, 20), moved, toMove, Bar(done, total, 10), done, total, strings.TrimSpace(st.Progress))
+	// Once nothing rolls, say how the last rollout ended: a watch that
+	// started mid-way ends on its record, not on empty bars alone.
+	if l := st.LastRollout; st.Rollout == nil && l != nil {
+		line += fmt.Sprintf("; last rollout: %s %s", l.Kind, l.Result)
+		if l.Duration != nil {
+			line += " in " + l.Duration.Duration.String()
+		}
+	}
+	return line
 }
 
 // Bar draws n of total as a bar of width cells; an empty total is a bar
