@@ -14,10 +14,10 @@ func TestParseUnitAcceptsCanonicalNames(t *testing.T) {
 		name string
 		want Unit
 	}{
-		{"0.0", Unit{0, 0}},
-		{"3.11", Unit{3, 11}},
-		{"10.0", Unit{10, 0}},
-		{"1023.1023", Unit{1023, 1023}},
+		{"0.0", Unit{Partition: 0, Shard: 0}},
+		{"3.11", Unit{Partition: 3, Shard: 11}},
+		{"10.0", Unit{Partition: 10, Shard: 0}},
+		{"1023.1023", Unit{Partition: 1023, Shard: 1023}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,7 +67,7 @@ func TestParseUnitRejectsOtherSpellings(t *testing.T) {
 // TestUnitNameRoundTrips checks that every unit's name parses back to it.
 func TestUnitNameRoundTrips(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		u := Unit{rapid.IntRange(0, MaxPartitions-1).Draw(t, "p"), rapid.IntRange(0, MaxShards-1).Draw(t, "s")}
+		u := Unit{Partition: rapid.IntRange(0, MaxPartitions-1).Draw(t, "p"), Shard: rapid.IntRange(0, MaxShards-1).Draw(t, "s")}
 		got, err := ParseUnit(u.String())
 		if err != nil || got != u {
 			t.Fatalf("ParseUnit(%q) = %v, %v", u.String(), got, err)
@@ -76,7 +76,7 @@ func TestUnitNameRoundTrips(t *testing.T) {
 }
 
 func TestUnitJSONUsesNames(t *testing.T) {
-	in := map[Unit]string{{3, 11}: "w-0"}
+	in := map[Unit]string{{Partition: 3, Shard: 11}: "w-0"}
 	b, err := json.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestUnitJSONUsesNames(t *testing.T) {
 		t.Fatalf("json = %s", b)
 	}
 	var out map[Unit]string
-	if err := json.Unmarshal(b, &out); err != nil || out[Unit{3, 11}] != "w-0" {
+	if err := json.Unmarshal(b, &out); err != nil || out[Unit{Partition: 3, Shard: 11}] != "w-0" {
 		t.Fatalf("decoded %v, %v", out, err)
 	}
 	if err := json.Unmarshal([]byte(`{"03.11":"w-0"}`), &out); !errors.Is(err, ErrBadUnitName) {

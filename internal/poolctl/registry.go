@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/shardkeeper/shardkeeper/pkg/shard"
 )
 
 // Registry is the ownership registry of one or more ShardTopologies. The
@@ -203,18 +205,9 @@ type Lease struct {
 }
 
 // Token is what a holder presents with every write: the claim at one
-// fencing epoch. Sinks check it (GuardedExec, CheckToken, EpochFence).
-type Token struct {
-	Topology string
-	Unit     string
-	Member   string
-	Epoch    int64
-}
-
-// String names the token for errors and logs.
-func (t Token) String() string {
-	return fmt.Sprintf("%s/%s@%d by %s", t.Topology, t.Unit, t.Epoch, t.Member)
-}
+// fencing epoch. Sinks check it (GuardedExec, CheckToken, EpochFence). It
+// is shard.Token, public so the worker SDK can hand it to its users.
+type Token = shard.Token
 
 // Claim is the result of a successful Claim.
 type Claim struct {

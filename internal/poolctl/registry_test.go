@@ -355,16 +355,16 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 		}
 		cb, _ := r.Claim(ctx, b.MemberRef, 1, "0.7")
 		// 0.1 handed to b and taken; 0.2 released; 0.3 in handover.
-		must(t, r.Handover(ctx, Token{topo, "0.1", "a", 1}, "b"))
+		must(t, r.Handover(ctx, Token{Topology: topo, Unit: "0.1", Member: "a", Epoch: 1}, "b"))
 		_, err := r.Claim(ctx, b.MemberRef, 1, "0.1")
 		must(t, err)
-		must(t, r.Release(ctx, Token{topo, "0.2", "a", 1}))
-		must(t, r.Handover(ctx, Token{topo, "0.3", "a", 1}, ""))
+		must(t, r.Release(ctx, Token{Topology: topo, Unit: "0.2", Member: "a", Epoch: 1}))
+		must(t, r.Handover(ctx, Token{Topology: topo, Unit: "0.3", Member: "a", Epoch: 1}, ""))
 		expected["0.9"] = 4 // never claimed
 
 		conf, err := r.ConfirmOwned(ctx, a.MemberRef, expected)
 		must(t, err)
-		wantHeld := map[string]Token{"0.0": {topo, "0.0", "a", 1}, "0.3": {topo, "0.3", "a", 1}}
+		wantHeld := map[string]Token{"0.0": {Topology: topo, Unit: "0.0", Member: "a", Epoch: 1}, "0.3": {Topology: topo, Unit: "0.3", Member: "a", Epoch: 1}}
 		if !reflect.DeepEqual(conf.Held, wantHeld) || !reflect.DeepEqual(conf.Handover, []string{"0.3"}) {
 			t.Fatalf("held %+v handover %v", conf.Held, conf.Handover)
 		}
@@ -382,7 +382,7 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 		// have passed, ConfirmOwned re-homes them at epoch+1.
 		a2, _ := r.Join(ctx, topo, "a")
 		var se *StaleEpochError
-		if err := r.Checkpoint(ctx, Token{topo, "0.0", "a", 1}, 1); !errors.As(err, &se) || se.Reason != StaleLease {
+		if err := r.Checkpoint(ctx, Token{Topology: topo, Unit: "0.0", Member: "a", Epoch: 1}, 1); !errors.As(err, &se) || se.Reason != StaleLease {
 			t.Fatalf("old incarnation's write: %v", err)
 		}
 		if _, err := r.Claim(ctx, b.MemberRef, 1, "0.0"); !errors.Is(err, ErrHeld) {
@@ -414,7 +414,7 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 			t.Fatalf("repeat confirm %+v, first %+v", conf2.Held, conf.Held)
 		}
 		must(t, r.Checkpoint(ctx, conf.Held["0.0"], 5))
-		wantErr(t, "pre-rejoin token", r.CheckToken(ctx, Token{topo, "0.0", "a", 1}), ErrStaleEpoch)
+		wantErr(t, "pre-rejoin token", r.CheckToken(ctx, Token{Topology: topo, Unit: "0.0", Member: "a", Epoch: 1}), ErrStaleEpoch)
 		must(t, r.CheckToken(ctx, cb.Token))
 
 		// An expired member cannot confirm.
