@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/internal/version"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
@@ -30,9 +29,9 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	defer nc.Close()
 
-	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: cfg.registryDSN, MaxConns: 8, SkipMigrate: true})
+	reg, err := worker.OpenRegistry(ctx, worker.RegistryConfig{DSN: cfg.registryDSN, MaxConns: 8})
 	if err != nil {
-		return fmt.Errorf("open registry: %w", err)
+		return err
 	}
 	defer reg.Close()
 

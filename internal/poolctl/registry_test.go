@@ -15,10 +15,12 @@ func TestParamsValidateEnforcesP5Grace(t *testing.T) { // checks P5
 		ok   bool
 	}{
 		{"defaults", DefaultParams(), true},
-		{"grace equal to renew plus query", Params{10 * time.Second, 3 * time.Second, 2 * time.Second, 5 * time.Second}, true},
-		{"grace below renew plus query", Params{10 * time.Second, 3 * time.Second, 2 * time.Second, 4 * time.Second}, false},
-		{"renew plus query not below ttl", Params{5 * time.Second, 3 * time.Second, 2 * time.Second, 5 * time.Second}, false},
+		{"grace equal to renew plus query", Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second, Grace: 5 * time.Second}, true},
+		{"grace below renew plus query", Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second, Grace: 4 * time.Second}, false},
+		{"renew plus query not below ttl", Params{LeaseTTL: 5 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second, Grace: 5 * time.Second}, false},
 		{"zero", Params{}, false},
+		{"negative drain timeout", Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second,
+			Grace: 5 * time.Second, Worker: WorkerSettings{DrainTimeout: -time.Second}}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -424,6 +426,31 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 	})
 }
 
+// Workers read the spec's naming and drain timeout from the registry, with
+// their lease and every snapshot, as they read the lease parameters.
+func TestWorkerSettingsTravelWithTheLeaseAndTheSnapshot(t *testing.T) {
+	forBackends(t, func(t *testing.T, r testRegistry) {
+		ctx := context.Background()
+		p := testParams
+		p.Worker = WorkerSettings{SubjectPrefix: "orders", ConsumerName: "sink", DrainTimeout: 42 * time.Second}
+		topo := newTopology(t, r, p, 1, 1)
+		l, err := r.Join(ctx, topo, "a")
+		must(t, err)
+		if l.Params != p {
+			t.Fatalf("lease params %+v, want %+v", l.Params, p)
+		}
+		p.Worker.DrainTimeout = time.Minute
+		must(t, r.EnsureTopology(ctx, topo, p))
+		s, err := r.Snapshot(ctx, topo)
+		must(t, err)
+		l, err = r.Renew(ctx, l.MemberRef)
+		must(t, err)
+		if s.Params != p || l.Params != p {
+			t.Fatalf("after a spec change: snapshot %+v, renewal %+v, want %+v", s.Params, l.Params, p)
+		}
+	})
+}
+
 func TestSnapshotCarriesResetPermissionAndUnknownTopologiesFail(t *testing.T) {
 	forBackends(t, func(t *testing.T, r testRegistry) {
 		ctx := context.Background()
@@ -464,14 +491,14 @@ func TestSnapshotCarriesResetPermissionAndUnknownTopologiesFail(t *testing.T) {
 		wantErr(t, "renew", err, ErrUnknownTopology)
 		_, err = r.Claims(ctx, "ns/none")
 		wantErr(t, "claims", err, ErrUnknownTopology)
-		wantErr(t, "check token", r.CheckToken(ctx, Token{"ns/none", "0.0", "a", 1}), ErrUnknownTopology)
+		wantErr(t, "check token", r.CheckToken(ctx, Token{Topology: "ns/none", Unit: "0.0", Member: "a", Epoch: 1}), ErrUnknownTopology)
 		wantErr(t, "bad params", r.EnsureTopology(ctx, "ns/bad", Params{Grace: time.Second}), ErrInvalid)
 	})
 }
 
 func TestEpochFenceRefusesOlderEpochs(t *testing.T) { // checks P1
 	var f EpochFence
-	tok := func(member string, epoch int64) Token { return Token{"ns/t", "0.1", member, epoch} }
+	tok := func(member string, epoch int64) Token { return Token{Topology: "ns/t", Unit: "0.1", Member: member, Epoch: epoch} }
 	steps := []struct {
 		tok Token
 		ok  bool
@@ -484,7 +511,7 @@ func TestEpochFenceRefusesOlderEpochs(t *testing.T) { // checks P1
 			t.Fatalf("step %d: Admit(%v) = %v, want ok=%v", i, s.tok, err, s.ok)
 		}
 	}
-	if err := f.Admit(Token{"ns/t", "0.2", "a", 1}); err != nil {
+	if err := f.Admit(Token{Topology: "ns/t", Unit: "0.2", Member: "a", Epoch: 1}); err != nil {
 		t.Fatalf("another unit: %v", err)
 	}
 }
