@@ -498,7 +498,9 @@ func TestSnapshotCarriesResetPermissionAndUnknownTopologiesFail(t *testing.T) {
 
 func TestEpochFenceRefusesOlderEpochs(t *testing.T) { // checks P1
 	var f EpochFence
-	tok := func(member string, epoch int64) Token { return Token{Topology: "ns/t", Unit: "0.1", Member: member, Epoch: epoch} }
+	tok := func(member string, epoch int64) Token {
+		return Token{Topology: "ns/t", Unit: "0.1", Member: member, Epoch: epoch}
+	}
 	steps := []struct {
 		tok Token
 		ok  bool
