@@ -11,7 +11,10 @@
 //	--topology        SHARDKEEPER_TOPOLOGY    namespace/name of the ShardTopology
 //	--member          POD_NAME                this worker's member name
 //	--nats-url        NATS_URL                NATS server URL(s), comma-separated
-//	--nats-creds      NATS_CREDS              optional .creds file
+//	--nats-creds      NATS_CREDS              optional credentials file: a .creds file,
+//	                                          user:password, or a token (as the operator takes them)
+//	--nats-tls-dir    NATS_TLS_DIR            optional directory holding ca.crt, tls.crt, tls.key
+//	                                          (a mounted TLS Secret, as spec.nats.tlsSecretRef)
 //	--registry-dsn    REGISTRY_DSN            PostgreSQL registry (never logged)
 //	--sink-dsn        SINK_DSN                sink database; default: the registry's
 //	--health-addr     WORKER_HEALTH_ADDR      address of the HTTP endpoints
@@ -61,6 +64,7 @@ func main() {
 type config struct {
 	topology, member            string
 	natsURL, natsCreds          string
+	natsTLSDir                  string
 	registryDSN, sinkDSN        string
 	subjectPrefix, consumerName string
 	healthAddr                  string
@@ -94,10 +98,11 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.topology, "topology", env("SHARDKEEPER_TOPOLOGY", ""), "namespace/name of the ShardTopology (env SHARDKEEPER_TOPOLOGY)")
 	fs.StringVar(&c.member, "member", env("POD_NAME", ""), "member name, normally the pod name (env POD_NAME)")
 	fs.StringVar(&c.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URLs, comma-separated (env NATS_URL)")
-	fs.StringVar(&c.natsCreds, "nats-creds", env("NATS_CREDS", ""), "NATS .creds file (env NATS_CREDS)")
+	fs.StringVar(&c.natsCreds, "nats-creds", env("NATS_CREDS", ""), "NATS credentials file: a .creds file, user:password or a token (env NATS_CREDS)")
+	fs.StringVar(&c.natsTLSDir, "nats-tls-dir", env("NATS_TLS_DIR", ""), "directory with ca.crt and optionally tls.crt/tls.key for NATS TLS (env NATS_TLS_DIR)")
 	fs.StringVar(&c.registryDSN, "registry-dsn", env("REGISTRY_DSN", ""), "PostgreSQL registry DSN (env REGISTRY_DSN)")
 	fs.StringVar(&c.sinkDSN, "sink-dsn", env("SINK_DSN", ""), "sink database DSN; default the registry's (env SINK_DSN)")
-	fs.StringVar(&c.subjectPrefix, "subject-prefix", env("SUBJECT_PREFIX", "shardkeeper"), "spec.nats.subjectPrefix (env SUBJECT_PREFIX)")
+	fs.StringVar(&c.subjectPrefix, "subject-prefix", env("SUBJECT_PREFIX", "shardkeeper"), "spec.nats.subjectPrefix, used only until the registry (or, with --strategy independent, always) (env SUBJECT_PREFIX)")
 	fs.StringVar(&c.consumerName, "consumer-name", env("CONSUMER_NAME", "ingest"), "spec.nats.consumerName (env CONSUMER_NAME)")
 	fs.StringVar(&c.healthAddr, "health-addr", env("WORKER_HEALTH_ADDR", ":8081"), "address of /healthz, /readyz, /status, /metrics (env WORKER_HEALTH_ADDR)")
 	fs.StringVar(&c.historyDir, "history-dir", env("WORKER_HISTORY_DIR", ""), "write a delivery history (one JSON-lines file per process) into this directory (env WORKER_HISTORY_DIR)")

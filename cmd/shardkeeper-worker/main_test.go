@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -181,5 +183,38 @@ func TestLogsAreJSONWithTheOperatorsKeys(t *testing.T) {
 	}
 	if _, err := time.Parse(time.RFC3339, fmt.Sprint(got["ts"])); err != nil {
 		t.Errorf("ts %v is not RFC 3339 as the operator writes it: %v", got["ts"], err)
+	}
+}
+
+// The worker takes NATS credentials in every form the operator takes them,
+// from the files a pod mounts, and refuses bad ones naming the flag.
+func TestNATSCredentialFormsMatchTheOperators(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  config
+		want string // "" means accepted
+	}{
+		{"user and password", config{natsCreds: write("up", "app:secret\n")}, ""},
+		{"token", config{natsCreds: write("tok", "s3cr3t")}, ""},
+		{"missing credentials file", config{natsCreds: filepath.Join(dir, "absent")}, "--nats-creds"},
+		{"TLS directory with a bad CA", config{natsTLSDir: filepath.Dir(write("ca.crt", "not a certificate"))}, "--nats-tls-dir"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := natsAuth(tc.cfg)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one naming %s", err, tc.want)
+			}
+		})
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/model"
@@ -25,7 +24,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/shardkeeper/shardkeeper/controllers"
-	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
@@ -72,8 +70,15 @@ func registered(t *testing.T) map[string]bool {
 	r := &recorder{names: map[string]bool{}}
 	r.MustRegister(controllers.Collectors()...)
 	nc := natstest.StartCluster(t, 1).Connect(0)
-	_, err := worker.New(worker.Options{
-		Topology: "ns/ingest", Member: "ingest-0", Registry: poolctl.NewTwin(time.Now), NATS: nc, Metrics: r,
+	// OpenRegistry's pool dials lazily and New registers the metrics
+	// without reading the registry: the DSN is never contacted.
+	reg, err := worker.OpenRegistry(context.Background(), worker.RegistryConfig{DSN: "postgres://shardkeeper@127.0.0.1:1/none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Close)
+	_, err = worker.New(worker.Options{
+		Topology: "ns/ingest", Member: "ingest-0", NATS: nc, Registry: reg, Metrics: r,
 		Handler: func(context.Context, worker.Row) worker.Settlement { return worker.Ack },
 	})
 	if err != nil {

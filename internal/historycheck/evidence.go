@@ -35,9 +35,9 @@ type evidence struct {
 	fetches    int
 	// pulls are the fetch records, each a window of a process pulling a
 	// unit, rows or not.
-	pulls []action
-	withheld   int // withheld rows that were never delivered
-	truncated  int
+	pulls     []action
+	withheld  int // withheld rows that were never delivered
+	truncated int
 }
 
 // openKey identifies the deliveries a settle record may close.

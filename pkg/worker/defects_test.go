@@ -233,8 +233,7 @@ func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
 	// margin makes it fence itself well before the registry could see
 	// its lease expire, so the claims still commit once the gate opens.
 	gate := make(chan struct{})
-	a := startSDK(t, f, "w-0", nil, func(o *worker.Options) {
-		o.Registry.(*faultyRegistry).claimGate = gate
+	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) { r.claimGate = gate }, func(o *worker.Options) {
 		o.FenceMargin = p.LeaseTTL * 3 / 4
 	})
 	fleettest.Eventually(t, 10*time.Second, func() error {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -42,6 +43,10 @@ type worldOptions struct {
 	ContainerPods []string
 	// WorkerContainerImage is the worker image for ContainerPods.
 	WorkerContainerImage string
+	// Image is the image the StatefulSet's pods run (default WorkerImage)
+	// and Binaries maps images beyond WorkerImage to local binaries.
+	Image    string
+	Binaries map[string]string
 }
 
 // world is one scenario's running parts.
@@ -54,6 +59,8 @@ type world struct {
 	cs      kubernetes.Interface
 	kubelet *kubelet.Kubelet
 	logs    *logSet
+	// image is what the worker StatefulSet's pods run.
+	image string
 }
 
 // startWorld starts a control plane with the StatefulSet controller, NATS,
@@ -62,7 +69,8 @@ type world struct {
 func startWorld(t *testing.T, ns string, o worldOptions) *world {
 	t.Helper()
 	o.Topology = ns + "/ingest"
-	w := &world{t: t, ns: ns, fleet: fleettest.StartInfra(t, o.Options), logs: &logSet{logs: map[string]*syncBuffer{}}}
+	w := &world{t: t, ns: ns, fleet: fleettest.StartInfra(t, o.Options), logs: &logSet{logs: map[string]*syncBuffer{}},
+		image: cmp.Or(o.Image, WorkerImage)}
 	env, err := kubetest.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +100,7 @@ func startWorld(t *testing.T, ns string, o worldOptions) *world {
 	kctx, cancel := context.WithCancel(context.Background())
 	w.kubelet = &kubelet.Kubelet{
 		Client: w.cs, Namespace: ns, ProbeAddrEnv: "WORKER_HEALTH_ADDR",
-		Images: map[string]string{WorkerImage: fleettest.WorkerBinary(t)},
+		Images: kubeletImages(t, o.Binaries),
 		// The pod spec says the rest (createStatefulSet); the delivery
 		// history is the test bed's own evidence.
 		Env:    func(*corev1.Pod) []string { return []string{"WORKER_HISTORY_DIR=" + w.fleet.HistoryDir} },
@@ -119,6 +127,14 @@ func startWorld(t *testing.T, ns string, o worldOptions) *world {
 	return w
 }
 
+// kubeletImages maps image names to the local binaries the kubelet runs: the
+// reference worker, and extra.
+func kubeletImages(t *testing.T, extra map[string]string) map[string]string {
+	out := map[string]string{WorkerImage: fleettest.WorkerBinary(t)}
+	maps.Copy(out, extra)
+	return out
+}
+
 // createStatefulSet creates the worker StatefulSet and its
 // PodDisruptionBudget from config/samples/worker_statefulset.yaml, adapting
 // only what the test bed must: the image (a local binary), the env values
@@ -131,11 +147,10 @@ func (w *world) createStatefulSet(replicas int32, env map[string]string) {
 	sts.Namespace, pdb.Namespace = w.ns, w.ns
 	sts.Spec.Replicas = ptr.To(replicas)
 	c := &sts.Spec.Template.Spec.Containers[0]
-	c.Image = WorkerImage
+	c.Image = w.image
 	adapted := map[string]string{
 		"NATS_URL":             natstest.UserURL(w.natsURLs()[0], natstest.AppUser, natstest.AppPassword),
 		"NATS_CREDS":           "",
-		"WORKER_DRAIN_TIMEOUT": w.fleet.Opts.DrainTimeout.String(),
 	}
 	maps.Copy(adapted, env)
 	setEnv(c, adapted)

@@ -30,6 +30,10 @@ type scenarioInput struct {
 	// worldOptions).
 	ContainerPods        []string
 	WorkerContainerImage string
+	// Image and Binaries choose the worker the pods run (see
+	// worldOptions); the default is the reference worker.
+	Image    string
+	Binaries map[string]string
 }
 
 // strategy is how a fleet goes through the scenario.
@@ -72,6 +76,7 @@ func runScenario(t *testing.T, s strategy, in scenarioInput, ns string) scenario
 		Options: fleettest.Options{Partitions: in.From.Partitions, Shards: in.From.Shards,
 			Params: fleettest.FastParams(), DrainTimeout: 5 * time.Second, AckWait: 10 * time.Second},
 		ContainerPods: in.ContainerPods, WorkerContainerImage: in.WorkerContainerImage,
+		Image: in.Image, Binaries: in.Binaries,
 	})
 	s.Setup(w, in.From, in.Replicas)
 	t.Logf("%s %s: fleet of %d pods ready at %s after %s", s.Name(), in.Name, in.Replicas, in.From, time.Since(start).Round(time.Second))
