@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"slices"
 	"testing"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -85,6 +86,29 @@ func TestDecideTopologyChange(t *testing.T) {
 				t.Fatalf("decided %s/%s (guard %q), want %s/%s", rule.state, rule.action.name, rule.guard, tt.state, tt.action)
 			}
 		})
+	}
+}
+
+// A plan's steps are the API's: ownership spells them out (the worker SDK
+// imports it and must not import Kubernetes), so they are checked here.
+func TestPlanStepsAreTheAPIs(t *testing.T) {
+	for plan, api := range map[ownership.StepName]string{
+		ownership.StepFreeze: topologyv1.StepFreeze, ownership.StepActivate: topologyv1.StepActivate,
+		ownership.StepHandOver: topologyv1.StepHandOver, ownership.StepClaim: topologyv1.StepClaim, ownership.StepRetire: topologyv1.StepRetire,
+	} {
+		if string(plan) != api {
+			t.Errorf("ownership step %q, API step %q", plan, api)
+		}
+	}
+	p, err := ownership.PlanChange(ownership.ChangeInput{Epoch: 1, From: ownership.Topology{Partitions: 1, Shards: 2}, To: ownership.Topology{Partitions: 1, Shards: 4},
+		Members: []ownership.Member{{Name: "a", Slot: 0}}, Claims: ownership.Claims{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range p.Steps {
+		if !slices.Contains(topologyv1.TopologySteps, string(st.Name)) {
+			t.Errorf("plan step %s is not one of the API's %v", st.Name, topologyv1.TopologySteps)
+		}
 	}
 }
 

@@ -1,7 +1,5 @@
 package ownership
 
-import topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
-
 // PlanKind says what a plan changes.
 type PlanKind string
 
@@ -19,25 +17,28 @@ type StepName string
 
 // Steps of a topology change (Freeze, Activate, HandOver, Claim, Retire)
 // and of a pod roll (per pod: HandOver, Claim, VerifyEmpty, Restart,
-// Rejoin, HandOver, Claim). A topology change's steps are the API's
-// (api/v1alpha1 StepFreeze...), so a plan, status.rollout.step and the
-// Events speak one vocabulary; VerifyEmpty, Restart and Rejoin are the
-// plan's finer view of a pod's HandingOver, Deleting and Rejoining.
+// Rejoin, HandOver, Claim). A topology change's steps carry the API's
+// names (api/v1alpha1's StepFreeze...), so a plan, status.rollout.step and
+// the Events speak one vocabulary. They are spelled out here rather than
+// imported because the worker SDK imports this package and must not pull
+// in Kubernetes; controllers' TestPlanStepsAreTheAPIs keeps them equal.
+// VerifyEmpty, Restart and Rejoin are the plan's finer view of a pod's
+// HandingOver, Deleting and Rejoining.
 const (
 	// StepFreeze: every live member stops taking new claims and
 	// acknowledges the active epoch. Units already held keep flowing.
-	StepFreeze = StepName(topologyv1.StepFreeze)
+	StepFreeze StepName = "Freeze"
 	// StepActivate makes Step.Epoch the active epoch, once every live
 	// member has acknowledged the freeze.
-	StepActivate = StepName(topologyv1.StepActivate)
+	StepActivate StepName = "Activate"
 	// StepHandOver: each move's From stops fetching, lets delivered rows
 	// settle, unpins and releases the unit. Nobody holds it afterwards.
-	StepHandOver = StepName(topologyv1.StepHandOver)
+	StepHandOver StepName = "HandOver"
 	// StepClaim: each move's To claims a unit nobody holds.
-	StepClaim = StepName(topologyv1.StepClaim)
+	StepClaim StepName = "Claim"
 	// StepRetire: units that left the topology, drained to zero pending,
 	// are released and their consumers deleted.
-	StepRetire = StepName(topologyv1.StepRetire)
+	StepRetire StepName = "Retire"
 	// StepVerifyEmpty checks in the registry that Step.Member holds nothing.
 	StepVerifyEmpty StepName = "VerifyEmpty"
 	// StepRestart deletes Step.Member's pod; it is not live until it
