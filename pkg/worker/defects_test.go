@@ -19,6 +19,12 @@ import (
 // failing on the code before its fix. They run pkg/worker in the test
 // process so the fault lands exactly where the defect was.
 
+// roomyParams are lease parameters with room between a member's own
+// fence (at a quarter of the lease, with a wide fence margin) and the
+// registry seeing its lease expire, so a test can act in between on a
+// loaded machine.
+var roomyParams = poolctl.Params{LeaseTTL: 6 * time.Second, RenewInterval: time.Second, QueryBound: time.Second, Grace: 2 * time.Second}
+
 // slowHandler acks after d, or naks when its context ends first.
 func slowHandler(d time.Duration) worker.Handler {
 	return func(ctx context.Context, _ worker.Row) worker.Settlement {
@@ -112,7 +118,7 @@ func TestShutdownKeepsRenewingWhileItDrains(t *testing.T) {
 //
 // checks P5 (liveness), P3
 func TestALateFenceDoesNotLeaveTheMemberFenced(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, Params: roomyParams})
 	p := f.Opts.Params
 	// A wide fence margin: the member fences itself a quarter of the way
 	// into its lease, so its renewal after the fence still finds the lease
@@ -205,7 +211,7 @@ func TestDrainTimeoutNaksTheRestOfTheBatch(t *testing.T) {
 //
 // checks P5
 func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, AckWait: time.Minute})
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, AckWait: time.Minute, Params: roomyParams})
 	f.PublishCensus(natsops.DefaultFloor.String())
 	x := startSDK(t, f, "w-x", nil, nil)
 	waitHolding(t, x, 30*time.Second, "0.0", "0.1")
@@ -229,8 +235,7 @@ func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
 	// still commit once the gate opens. (Had the registry heard of the
 	// fence, it would refuse them: safe, but then nothing is tested.)
 	gate := make(chan struct{})
-	a := startSDK(t, f, "w-0", nil, func(o *worker.Options) {
-		o.Registry.(*faultyRegistry).claimGate = gate
+	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) { r.claimGate = gate }, func(o *worker.Options) {
 		o.FenceMargin = p.LeaseTTL * 3 / 4
 	})
 	fleettest.Eventually(t, 10*time.Second, func() error {

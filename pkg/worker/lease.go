@@ -124,8 +124,13 @@ func (w *Worker) renew(ctx context.Context) error {
 		if w.localFence() {
 			return w.recover(ctx, false)
 		}
+		if w.waitingForEarlierIncarnation() {
+			if err := w.confirm(ctx); err != nil {
+				return err
+			}
+		}
 		w.reportActivity(ctx, ref)
-		return w.confirmWaiting(ctx)
+		return nil
 	case isLeaseLost(err):
 		w.fence("lease lost")
 		w.dropLease()
@@ -159,6 +164,7 @@ func (w *Worker) setLease(l poolctl.Lease, sent time.Time) {
 	defer w.mu.Unlock()
 	if l.Params.QueryBound > 0 {
 		w.params = l.Params
+		w.applySettingsLocked(l.Params.Worker)
 	}
 	margin := w.opts.FenceMargin
 	if margin == 0 {
@@ -171,6 +177,22 @@ func (w *Worker) setLease(l poolctl.Lease, sent time.Time) {
 		w.watchdog = time.AfterFunc(time.Until(w.fenceAt), w.onWatchdog)
 	} else {
 		w.watchdog.Reset(time.Until(w.fenceAt))
+	}
+}
+
+// applySettingsLocked takes the spec's naming and drain timeout from the
+// registry; a value it does not carry keeps the option's. The naming is
+// immutable in the API, so it only changes from the option's default to
+// the spec's before the first puller starts. Callers hold w.mu.
+func (w *Worker) applySettingsLocked(s poolctl.WorkerSettings) {
+	if s.SubjectPrefix != "" {
+		w.layout.SubjectPrefix = s.SubjectPrefix
+	}
+	if s.ConsumerName != "" {
+		w.layout.ConsumerName = s.ConsumerName
+	}
+	if s.DrainTimeout > 0 {
+		w.drain = s.DrainTimeout
 	}
 }
 
@@ -287,6 +309,7 @@ func (w *Worker) recover(ctx context.Context, joined bool) error {
 	if err != nil {
 		return fmt.Errorf("confirm %d claims: %w", len(expected), err)
 	}
+	w.noteWaiting(conf.Waiting)
 	if !joined {
 		if err := w.reg.Fence(qctx, ref, gen); err != nil {
 			return fmt.Errorf("record fence: %w", err)
@@ -297,6 +320,42 @@ func (w *Worker) recover(ctx context.Context, joined bool) error {
 	}
 	w.adoptConfirmation(conf, gen, expected)
 	return nil
+}
+
+// confirm confirms the claims again, outside a fence: the units an
+// earlier incarnation of this member held come home once its lease and the
+// grace have passed (the same-name grace), and the tick then keeps or
+// hands them over like any other.
+func (w *Worker) confirm(ctx context.Context) error {
+	ref, _ := w.memberRef()
+	w.mu.Lock()
+	gen := w.fenceGen
+	w.mu.Unlock()
+	expected := w.expectedClaims()
+	qctx, cancel := w.queryCtx(ctx)
+	defer cancel()
+	conf, err := w.reg.ConfirmOwned(qctx, ref, expected)
+	if err != nil {
+		return fmt.Errorf("confirm %d claims: %w", len(expected), err)
+	}
+	w.noteWaiting(conf.Waiting)
+	w.adoptConfirmation(conf, gen, expected)
+	return nil
+}
+
+// noteWaiting records how many units still wait for the same-name grace.
+func (w *Worker) noteWaiting(units []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waiting = len(units)
+}
+
+// waitingForEarlierIncarnation reports whether units of an earlier
+// incarnation still wait to come home.
+func (w *Worker) waitingForEarlierIncarnation() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waiting > 0
 }
 
 func (w *Worker) expectedClaims() map[string]int64 {
@@ -310,11 +369,12 @@ func (w *Worker) expectedClaims() map[string]int64 {
 }
 
 // adoptConfirmation replaces the held set with what the registry confirmed
-// and resumes delivery under the confirmed tokens. A unit whose epoch moved
-// (re-homed from an earlier incarnation) is a takeover from that process:
-// its pin and unacked rows are lifted before the first pull. A unit with a
-// handover intent gets no puller; the next tick releases it. The fence
-// lifts only if no newer one began meanwhile (gen).
+// and resumes delivery under the confirmed tokens. A unit whose token did
+// not change keeps its running puller; one whose epoch moved (re-homed from
+// an earlier incarnation) is a takeover from that process: its pin and
+// unacked rows are lifted before the first pull. A unit with a handover
+// intent gets no puller; the next tick releases it. The fence lifts only
+// if no newer one began meanwhile (gen).
 func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expected map[string]int64) {
 	handover := map[string]bool{}
 	for _, u := range conf.Handover {
@@ -327,19 +387,32 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 		if err != nil {
 			continue
 		}
+		old := w.held[u]
+		switch {
+		case old != nil && old.token == t && !handover[name]:
+			held[u] = old // keeps its puller, if any, and its takeover flag
+			continue
+		case old != nil && old.token == t:
+			held[u] = &holding{token: t, under: old.under, releasing: true, puller: old.puller}
+			old.puller = nil
+			continue
+		}
 		h := &holding{token: t, releasing: handover[name]}
-		if old := w.held[u]; old != nil && old.token == t {
-			h.under, h.takeover = old.under, old.takeover
-		} else if exp, ok := expected[name]; !ok || exp != t.Epoch {
+		if exp, ok := expected[name]; !ok || exp != t.Epoch {
 			h.takeover, h.from = true, w.opts.Member+" (earlier incarnation)"
 		}
 		held[u] = h
 	}
-	stale := w.detachPullers()
+	var stale []*puller
+	for u, h := range w.held {
+		if h.puller != nil && held[u] != h {
+			stale = append(stale, h.puller)
+			h.puller = nil
+		}
+	}
 	w.held = held
-	w.waiting = conf.Waiting
 	lifted := w.fenceGen == gen
-	if lifted {
+	if lifted && w.fenced {
 		w.fenced = false
 		if !w.fencedSince.IsZero() {
 			w.metrics.fencedSeconds.Add(time.Since(w.fencedSince).Seconds())
@@ -350,6 +423,7 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 	for _, p := range stale {
 		p.stop()
 	}
+	w.stopHandedOver(held)
 	if !lifted {
 		return // fenced again meanwhile: the next renewal recovers
 	}
@@ -357,85 +431,25 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 	for u := range held {
 		w.startDelivery(u)
 	}
-	w.log.Info("Claims confirmed", "held", len(conf.Held), "moved", len(conf.Moved), "handover", len(conf.Handover))
+	w.log.Info("Claims confirmed", "held", len(conf.Held), "moved", len(conf.Moved), "handover", len(conf.Handover),
+		"waiting", len(conf.Waiting))
 }
 
-// confirmWaiting confirms again, at a renewal, the units an earlier
-// incarnation of this member held that the last confirmation left waiting
-// (its lease and the grace had not passed): the registry re-homes them
-// once they have. Without it, units that placement no longer gives this
-// member (a member the operator asked to drain, restarted by a crash) stay
-// with the dead incarnation for good: nobody may adopt them, since the
-// member is live, and this incarnation never claims them. Re-homed units
-// are takeovers; units already delivered keep their pullers.
-func (w *Worker) confirmWaiting(ctx context.Context) error {
+// stopHandedOver stops the pullers of units the registry shows in
+// handover: the member gave them up while its old puller still ran.
+func (w *Worker) stopHandedOver(held map[ownership.Unit]*holding) {
+	var ps []*puller
 	w.mu.Lock()
-	waiting := len(w.waiting) > 0
+	for _, h := range held {
+		if h.releasing && h.puller != nil {
+			ps = append(ps, h.puller)
+			h.puller = nil
+		}
+	}
 	w.mu.Unlock()
-	if !waiting {
-		return nil
-	}
-	ref, _ := w.memberRef()
-	expected := w.expectedClaims()
-	qctx, cancel := w.queryCtx(ctx)
-	defer cancel()
-	conf, err := w.reg.ConfirmOwned(qctx, ref, expected)
-	if err != nil {
-		return fmt.Errorf("confirm %d waiting units: %w", len(w.waiting), err)
-	}
-	started, stale := w.mergeConfirmation(conf)
-	for _, p := range stale {
+	for _, p := range ps {
 		p.stop()
 	}
-	for _, u := range started {
-		w.startDelivery(u)
-	}
-	if len(started) > 0 {
-		w.log.Info("Re-homed units of an earlier incarnation", "units", len(started), "waiting", len(conf.Waiting))
-	}
-	return nil
-}
-
-// mergeConfirmation applies a confirmation to the held set without
-// touching the units it left as they were: it adds the re-homed ones (as
-// takeovers), drops what moved, and returns the units to start and the
-// pullers to stop.
-func (w *Worker) mergeConfirmation(conf poolctl.Confirmation) (started []ownership.Unit, stale []*puller) {
-	handover := map[string]bool{}
-	for _, u := range conf.Handover {
-		handover[u] = true
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.waiting = conf.Waiting
-	for name, t := range conf.Held {
-		u, err := ownership.ParseUnit(name)
-		if err != nil {
-			continue
-		}
-		old := w.held[u]
-		if old != nil && old.token == t {
-			continue
-		}
-		if old != nil && old.puller != nil {
-			stale = append(stale, old.puller)
-		}
-		w.held[u] = &holding{token: t, releasing: handover[name], takeover: true, from: w.opts.Member + " (earlier incarnation)"}
-		started = append(started, u)
-	}
-	for _, m := range conf.Moved {
-		u, err := ownership.ParseUnit(m.Unit)
-		if err != nil {
-			continue
-		}
-		if h := w.held[u]; h != nil {
-			if h.puller != nil {
-				stale = append(stale, h.puller)
-			}
-			delete(w.held, u)
-		}
-	}
-	return started, stale
 }
 
 // reportActivity tells the registry, for each unit with a puller, when it

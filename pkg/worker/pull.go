@@ -40,6 +40,9 @@ type puller struct {
 	// withheld counts rows neither delivered nor settled because the
 	// claim was lost or the member fenced itself.
 	withheld atomic.Int64
+	// pending is what NATS said was left in the consumer with the latest
+	// row (0 after a pull that brought none), for the lag gauge.
+	pending atomic.Int64
 }
 
 // processStart anchors the pullers' activity clock.
@@ -67,7 +70,7 @@ func (w *Worker) startDelivery(u ownership.Unit) {
 	}
 	ctx, cancel := context.WithCancel(w.runCtx)
 	p := &puller{
-		w: w, unit: u, token: h.token, ref: w.consumerRef(u),
+		w: w, unit: u, token: h.token, ref: w.consumerRefLocked(u),
 		incarnation: w.lease.Incarnation, under: h.under, takeover: h.takeover, from: h.from,
 		ctx: ctx, kill: cancel, stopFetch: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -165,6 +168,8 @@ func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 	p.lastFetch.Store(sinceStart())
 	if rows > 0 {
 		p.lastRows.Store(sinceStart())
+	} else if batch.Error() == nil {
+		p.pending.Store(0)
 	}
 	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
 	return batch.Error()
@@ -219,7 +224,7 @@ func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
 	err := msg.Nak()
 	p.record(history.Record{Kind: history.KindNak, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
 		NumDelivered: row.NumDelivered, Detail: errDetail(err, "drain timed out"), Start: at, End: history.Now()})
-	p.w.metrics.rowsNaked.Inc()
+	p.w.metrics.drainNaks.Inc()
 }
 
 // settle applies the handler's verdict after checking the claim again.
@@ -252,6 +257,7 @@ func (p *puller) row(msg jetstream.Msg) Row {
 	row := Row{Unit: p.unit, Token: p.token, Subject: msg.Subject(), Data: msg.Data(), Headers: msg.Headers()}
 	if md, err := msg.Metadata(); err == nil {
 		row.StreamSeq, row.NumDelivered = md.Sequence.Stream, md.NumDelivered
+		p.pending.Store(int64(md.NumPending))
 	}
 	return row
 }

@@ -56,6 +56,13 @@ func (w *Worker) tick(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.metrics.unitsHeld.Set(float64(len(w.held)))
+	var pending int64
+	for _, h := range w.held {
+		if h.puller != nil {
+			pending += h.puller.pending.Load()
+		}
+	}
+	w.metrics.pendingRows.Set(float64(pending))
 	w.mu.Unlock()
 	return nil
 }
@@ -70,6 +77,7 @@ func (w *Worker) snapshot(ctx context.Context, ts *tickState) error {
 	ts.snap = s
 	w.mu.Lock()
 	w.params = s.Params
+	w.applySettingsLocked(s.Params.Worker)
 	w.reset, w.resetAt = s.Reset, time.Now()
 	w.mu.Unlock()
 	return nil

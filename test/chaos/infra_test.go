@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -127,10 +126,6 @@ func (in *infra) startControlPlane(t *testing.T) {
 func (in *infra) startOperator(t *testing.T) {
 	t.Helper()
 	kubeconfig := in.operatorKubeconfig(t)
-	metricsPort, err := testbed.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
 	op, err := operatorproc.New(operatorproc.Options{
 		Kubeconfig: kubeconfig,
 		LogPath:    filepath.Join(in.dir, "operator.log"),
@@ -140,7 +135,7 @@ func (in *infra) startOperator(t *testing.T) {
 			"--leader-elect-renew-deadline=" + renewDeadline.String(),
 			"--leader-elect-retry-period=" + retryPeriod.String(),
 			"--census-interval=" + censusInterval.String(),
-			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
+			"--metrics-bind-address=0",
 			"--health-probe-bind-address=0",
 		},
 	})
