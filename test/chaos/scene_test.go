@@ -400,6 +400,7 @@ func (s *scene) stopTraffic() map[string]ownership.Unit {
 
 // note records a scenario finding for the log.
 func (s *scene) note(format string, args ...any) {
+	s.t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	s.notes = append(s.notes, msg)
 	s.t.Log(msg)
