@@ -39,6 +39,8 @@ type Worker struct {
 	wakeLease chan struct{}
 	// slots bounds concurrent UNPIN and RESET requests.
 	slots chan struct{}
+	// streams caches partition stream handles by name, for UNPIN.
+	streams sync.Map
 
 	mu      sync.Mutex
 	lease   *poolctl.Lease
