@@ -29,6 +29,9 @@ type Options struct {
 	MetricsAddr string
 	// ProbeAddr is where /healthz and /readyz bind; "0" disables them.
 	ProbeAddr string
+	// PprofAddr is where net/http/pprof binds, for profiling a running
+	// operator; empty or "0" disables it.
+	PprofAddr string
 	// LeaderElect makes replicas elect one leader that reconciles.
 	LeaderElect bool
 	// LeaderElectionNamespace holds the Lease; empty means the pod's own.
@@ -73,6 +76,7 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		Cache:                   o.Cache,
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress:  o.ProbeAddr,
+		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectionNamespace,
