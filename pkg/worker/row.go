@@ -2,6 +2,7 @@ package worker
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -83,4 +84,34 @@ func settle(msg jetstream.Msg, s Settlement) error {
 	default:
 		return nil
 	}
+}
+
+// ackSequences reads a delivered row's stream sequence and delivery count
+// from its ack reply subject, by the same token positions as nats.go's
+// parser ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.... from older
+// servers, $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.
+// <sseq>.... from newer ones), but nothing else: Msg.Metadata also parses
+// and allocates every other field, a cost on every row that a plain
+// consumer need not pay. ok is false for a subject of another shape.
+func ackSequences(reply string) (streamSeq, delivered uint64, ok bool) {
+	rest, found := strings.CutPrefix(reply, "$JS.ACK.")
+	if !found {
+		return 0, 0, false
+	}
+	skip := 2 // stream, consumer
+	switch n := strings.Count(reply, ".") + 1; {
+	case n == 9:
+	case n >= 11:
+		skip = 4 // domain, account hash, stream, consumer
+	default:
+		return 0, 0, false
+	}
+	for range skip {
+		_, rest, _ = strings.Cut(rest, ".")
+	}
+	d, rest, _ := strings.Cut(rest, ".")
+	s, _, _ := strings.Cut(rest, ".")
+	delivered, errD := strconv.ParseUint(d, 10, 64)
+	streamSeq, errS := strconv.ParseUint(s, 10, 64)
+	return streamSeq, delivered, errD == nil && errS == nil
 }
