@@ -3,8 +3,6 @@ package controllers
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,11 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
@@ -231,20 +228,11 @@ func connectNATS(cfg NATSConfig) (*nats.Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 	}
-	auth, err := credentialOption(cfg.Credentials)
+	auth, err := natsops.AuthOptions(cfg.Credentials, cfg.TLS)
 	if err != nil {
 		return nil, err
 	}
-	if auth != nil {
-		opts = append(opts, auth)
-	}
-	if len(cfg.TLS) > 0 {
-		tc, err := tlsConfig(cfg.TLS)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, nats.Secure(tc))
-	}
+	opts = append(opts, auth...)
 	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS %s: %w", strings.Join(cfg.URLs, ","), err)
@@ -252,67 +240,9 @@ func connectNATS(cfg NATSConfig) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// ErrBadCredentials means a credentials Secret value could not be used.
-// Its messages never quote the value.
-var ErrBadCredentials = errors.New("bad NATS credentials")
-
-// credentialOption turns a credentials Secret value into a connect option:
-// a .creds file (user JWT and nkey seed), "user:password" (split at the
-// first colon), or a bare token. Empty means no authentication (nil).
-func credentialOption(content []byte) (nats.Option, error) {
-	s := strings.TrimSpace(string(content))
-	switch {
-	case s == "":
-		return nil, nil
-	case strings.Contains(s, "-----BEGIN NATS USER JWT-----"):
-		userJWT, err := jwt.ParseDecoratedJWT(content)
-		if err != nil {
-			return nil, fmt.Errorf("%w: .creds file: user JWT: %v", ErrBadCredentials, redactedErr(err))
-		}
-		kp, err := nkeys.ParseDecoratedNKey(content)
-		if err != nil {
-			return nil, fmt.Errorf("%w: .creds file: nkey seed: %v", ErrBadCredentials, redactedErr(err))
-		}
-		seed, err := kp.Seed()
-		if err != nil {
-			return nil, fmt.Errorf("%w: .creds file holds no user seed", ErrBadCredentials)
-		}
-		return nats.UserJWTAndSeed(userJWT, string(seed)), nil
-	}
-	if user, pass, ok := strings.Cut(s, ":"); ok {
-		return nats.UserInfo(user, pass), nil
-	}
-	return nats.Token(s), nil
-}
-
-// redactedErr keeps an error's kind but not its text, which for key
-// parsing could echo key material.
-func redactedErr(err error) string {
-	if err == nil {
-		return ""
-	}
-	return fmt.Sprintf("%T", err)
-}
-
-func tlsConfig(files map[string][]byte) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if ca := files["ca.crt"]; len(ca) > 0 {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(ca) {
-			return nil, fmt.Errorf("%w: ca.crt holds no PEM certificate", ErrBadCredentials)
-		}
-		tc.RootCAs = pool
-	}
-	crt, key := files["tls.crt"], files["tls.key"]
-	if len(crt) > 0 || len(key) > 0 {
-		cert, err := tls.X509KeyPair(crt, key)
-		if err != nil {
-			return nil, fmt.Errorf("%w: tls.crt/tls.key: %v", ErrBadCredentials, redactedErr(err))
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
-}
+// ErrBadCredentials means a credentials Secret value could not be used
+// (natsops.ErrBadCredentials).
+var ErrBadCredentials = natsops.ErrBadCredentials
 
 // provisionedRecently reports whether this process provisioned shape for
 // the topology within maxAge.

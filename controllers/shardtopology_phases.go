@@ -239,7 +239,7 @@ func checkSecrets(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ct
 		sec := s.secrets[ref.name]
 		if sec == nil {
 			sec = &corev1.Secret{}
-			err := r.Client.Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
+			err := r.reader().Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
 			switch {
 			case apierrors.IsNotFound(err):
 				s.stall = &StallError{Reason: topologyv1.ReasonSecretNotFound, Field: ref.field,
@@ -296,11 +296,21 @@ func leaseParams(r *topologyv1.RolloutSpec) poolctl.Params {
 	return poolctl.Params{LeaseTTL: ttl, RenewInterval: renew, QueryBound: qb, Grace: renew + qb}
 }
 
+// registryParams are the parameters the registry holds for the spec's
+// workers: the lease parameters, and the naming and drain timeout they
+// read beside their lease.
+func registryParams(spec *topologyv1.ShardTopologySpec) poolctl.Params {
+	p := leaseParams(&spec.Rollout)
+	p.Worker = poolctl.WorkerSettings{SubjectPrefix: spec.NATS.SubjectPrefixOrDefault(), ConsumerName: spec.NATS.ConsumerNameOrDefault(),
+		DrainTimeout: spec.Rollout.DrainTimeoutOrDefault()}
+	return p
+}
+
 // checkLeaseParams stalls on lease parameters the registry would refuse.
 // The CRD's rules make this unreachable through the API server; objects
 // stored before a rule existed still get a clear answer.
 func checkLeaseParams(_ context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
-	p := leaseParams(&s.topo.Spec.Rollout)
+	p := registryParams(&s.topo.Spec)
 	if err := p.Validate(); err != nil {
 		s.stall = &StallError{Reason: topologyv1.ReasonInvalidSpec, Field: "spec.rollout.leaseTTL/spec.rollout.renewInterval",
 			Detail: fmt.Sprintf("lease TTL %s with renew interval %s gives lease parameters the registry refuses: %v; keep renewInterval at most half of leaseTTL",

@@ -368,9 +368,14 @@ type RolloutSpec struct {
 	// +optional
 	Paused bool `json:"paused,omitempty"`
 
-	// DrainTimeout bounds how long a handover waits for delivered rows to
-	// settle before it releases the unit anyway; unsettled rows are then
-	// redelivered to the next owner.
+	// DrainTimeout is how long a worker's handover waits for delivered
+	// rows to settle before it nak's the rest and releases the unit (they
+	// are then redelivered to the next owner at once). The operator writes
+	// it into the registry, where every worker reads it with its lease, so
+	// a change reaches running workers without a restart. The operator also
+	// uses it to judge a pod roll: a pod that still holds units
+	// drainTimeout + leaseTTL + grace after it was asked to hand over makes
+	// the rollout Stalled (HandoverTimeout).
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:XValidation:rule="self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a duration such as 30s, 1m30s or 500ms"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^-?([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || (duration(self) > duration('0s') && duration(self) <= duration('1h'))",message="must be a duration above 0s and at most 1h, e.g. 30s"

@@ -16,6 +16,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/shardkeeper/shardkeeper/internal/version"
 )
 
 // command is one subcommand: what it does, in a line, and its entry point.
@@ -27,9 +29,15 @@ type command struct {
 // commands maps each subcommand's name to it. To add one, write
 // <name>.go with its run function and add a line here.
 var commands = map[string]command{
-	"plan":   {summary: "show what a change of N or V would do, without doing it", run: runPlan},
-	"census": {summary: "check every NATS server's version against the floor (exit 1 if not met)", run: runCensus},
-	"status": {summary: "show a ShardTopology's phase, epochs, census and rollout step by step", run: runStatus},
+	"plan":    {summary: "show what a change of N or V would do, without doing it", run: runPlan},
+	"census":  {summary: "check every NATS server's version against the floor (exit 1 if not met)", run: runCensus},
+	"status":  {summary: "show a ShardTopology's phase, epochs, census and rollout step by step", run: runStatus},
+	"version": {summary: "print the version (also --version)", run: runVersion},
+}
+
+func runVersion([]string) error {
+	version.Print("kubectl-shardkeeper")
+	return nil
 }
 
 // errUsage marks errors in how the command was called; it exits 2.
@@ -52,6 +60,9 @@ func dispatch(args []string) error {
 			return fmt.Errorf("%w: no subcommand", errUsage)
 		}
 		return nil
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args[0] = "version"
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {

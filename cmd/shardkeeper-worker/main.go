@@ -11,11 +11,16 @@
 //	--topology        SHARDKEEPER_TOPOLOGY    namespace/name of the ShardTopology
 //	--member          POD_NAME                this worker's member name
 //	--nats-url        NATS_URL                NATS server URL(s), comma-separated
-//	--nats-creds      NATS_CREDS              optional .creds file
+//	--nats-creds      NATS_CREDS              optional credentials file: a .creds file,
+//	                                          user:password, or a token (as the operator takes them)
+//	--nats-tls-dir    NATS_TLS_DIR            optional directory holding ca.crt, tls.crt, tls.key
+//	                                          (a mounted TLS Secret, as spec.nats.tlsSecretRef)
 //	--registry-dsn    REGISTRY_DSN            PostgreSQL registry (never logged)
 //	--sink-dsn        SINK_DSN                sink database; default: the registry's
 //	--health-addr     WORKER_HEALTH_ADDR      address of the HTTP endpoints
 //	--history-dir     WORKER_HISTORY_DIR      optional: write a delivery history file there
+//	--drain-timeout   WORKER_DRAIN_TIMEOUT    bound on a handover's wait for delivered rows
+//	--version                                 print the version and exit
 package main
 
 import (
@@ -30,6 +35,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+
+	"github.com/shardkeeper/shardkeeper/internal/version"
 )
 
 func main() {
@@ -37,6 +44,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	}
+	if cfg.showVersion {
+		version.Print("shardkeeper-worker")
+		return
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: cfg.verbosity})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -55,6 +66,7 @@ func main() {
 type config struct {
 	topology, member            string
 	natsURL, natsCreds          string
+	natsTLSDir                  string
 	registryDSN, sinkDSN        string
 	subjectPrefix, consumerName string
 	healthAddr                  string
@@ -65,6 +77,7 @@ type config struct {
 	handlerDelay time.Duration
 	fetchBatch   int
 	verbosity    int
+	showVersion  bool
 	// strategy is "sequenced" (the registry protocol) or "independent"
 	// (the baseline: capped rendezvous of partitions x shards over the
 	// fixed slots 0..replicas-1, fixed at start).
@@ -87,14 +100,17 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.topology, "topology", env("SHARDKEEPER_TOPOLOGY", ""), "namespace/name of the ShardTopology (env SHARDKEEPER_TOPOLOGY)")
 	fs.StringVar(&c.member, "member", env("POD_NAME", ""), "member name, normally the pod name (env POD_NAME)")
 	fs.StringVar(&c.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URLs, comma-separated (env NATS_URL)")
-	fs.StringVar(&c.natsCreds, "nats-creds", env("NATS_CREDS", ""), "NATS .creds file (env NATS_CREDS)")
+	fs.StringVar(&c.natsCreds, "nats-creds", env("NATS_CREDS", ""), "NATS credentials file: a .creds file, user:password or a token (env NATS_CREDS)")
+	fs.StringVar(&c.natsTLSDir, "nats-tls-dir", env("NATS_TLS_DIR", ""), "directory with ca.crt and optionally tls.crt/tls.key for NATS TLS (env NATS_TLS_DIR)")
 	fs.StringVar(&c.registryDSN, "registry-dsn", env("REGISTRY_DSN", ""), "PostgreSQL registry DSN (env REGISTRY_DSN)")
 	fs.StringVar(&c.sinkDSN, "sink-dsn", env("SINK_DSN", ""), "sink database DSN; default the registry's (env SINK_DSN)")
-	fs.StringVar(&c.subjectPrefix, "subject-prefix", env("SUBJECT_PREFIX", "shardkeeper"), "spec.nats.subjectPrefix (env SUBJECT_PREFIX)")
+	fs.StringVar(&c.subjectPrefix, "subject-prefix", env("SUBJECT_PREFIX", "shardkeeper"), "spec.nats.subjectPrefix, used only until the registry (or, with --strategy independent, always) (env SUBJECT_PREFIX)")
 	fs.StringVar(&c.consumerName, "consumer-name", env("CONSUMER_NAME", "ingest"), "spec.nats.consumerName (env CONSUMER_NAME)")
 	fs.StringVar(&c.healthAddr, "health-addr", env("WORKER_HEALTH_ADDR", ":8081"), "address of /healthz, /readyz, /status, /metrics (env WORKER_HEALTH_ADDR)")
 	fs.StringVar(&c.historyDir, "history-dir", env("WORKER_HISTORY_DIR", ""), "write a delivery history (one JSON-lines file per process) into this directory (env WORKER_HISTORY_DIR)")
-	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "bound on a handover's wait for delivered rows")
+	drainDefault, drainErr := envDurationOr(getenv, "WORKER_DRAIN_TIMEOUT", 10*time.Second)
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", drainDefault, "bound on a handover's wait for delivered rows; keep it equal to the ShardTopology's spec.rollout.drainTimeout, which the operator waits for but does not send (env WORKER_DRAIN_TIMEOUT)")
+	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
 	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
 	fs.DurationVar(&c.handlerDelay, "handler-delay", envDuration(getenv, "WORKER_HANDLER_DELAY"), "test knob: wait this long before each sink write, like a slow sink (env WORKER_HANDLER_DELAY)")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity")
@@ -105,10 +121,16 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, fmt.Errorf("%w: %v", errBadFlag, err)
 	}
+	if c.showVersion {
+		return c, nil
+	}
 	if c.sinkDSN == "" {
 		c.sinkDSN = c.registryDSN
 	}
 	var errs []error
+	if drainErr != nil {
+		errs = append(errs, drainErr)
+	}
 	required := []struct{ flag, val string }{{"--member", c.member}, {"--nats-url", c.natsURL}}
 	switch c.strategy {
 	case "sequenced":
@@ -133,6 +155,20 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 func envDuration(getenv func(string) string, name string) time.Duration {
 	d, _ := time.ParseDuration(getenv(name))
 	return d
+}
+
+// envDurationOr reads a duration environment variable, def when unset; a
+// value that is not a duration is refused by name.
+func envDurationOr(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return def, fmt.Errorf("%w: %s must be a positive duration such as 30s, got %q", errBadFlag, name, v)
+	}
+	return d, nil
 }
 
 // envInt reads an integer environment variable, 0 when unset or bad (the

@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +33,7 @@ func TestConfigRefusesMissingAndBadFlagsByName(t *testing.T) {
 		{"unknown strategy", []string{"--strategy", "yolo"}, "--strategy must be sequenced or independent"},
 		{"independent needs replicas", []string{"--strategy", "independent"}, "--replicas must be at least 1"},
 		{"unknown flag", []string{"--frobnicate"}, "frobnicate"},
+		{"version needs nothing else", []string{"--version", "--topology", ""}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,11 +42,47 @@ func TestConfigRefusesMissingAndBadFlagsByName(t *testing.T) {
 			case tt.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
 			case tt.want == "":
-				if c.sinkDSN != c.registryDSN {
+				if !c.showVersion && c.sinkDSN != c.registryDSN {
 					t.Fatalf("sink DSN defaults to %q, want the registry's", c.sinkDSN)
 				}
 			case err == nil || !errors.Is(err, errBadFlag) || !strings.Contains(err.Error(), tt.want):
 				t.Fatalf("error %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDrainTimeoutFromFlagOrEnvironment(t *testing.T) {
+	base := map[string]string{"POD_NAME": "ingest-0", "NATS_URL": "nats://x:4222", "REGISTRY_DSN": "postgres://r", "SHARDKEEPER_TOPOLOGY": "ns/t"}
+	tests := []struct {
+		name    string
+		env     string
+		args    []string
+		want    time.Duration
+		wantErr string
+	}{
+		{name: "default", want: 10 * time.Second},
+		{name: "environment", env: "30s", want: 30 * time.Second},
+		{name: "the flag wins", env: "30s", args: []string{"--drain-timeout", "5s"}, want: 5 * time.Second},
+		{name: "a bad value is refused by name", env: "soon", wantErr: "WORKER_DRAIN_TIMEOUT must be a positive duration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			getenv := func(k string) string {
+				if k == "WORKER_DRAIN_TIMEOUT" {
+					return tt.env
+				}
+				return base[k]
+			}
+			c, err := parseConfig(tt.args, getenv)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || c.drainTimeout != tt.want {
+				t.Fatalf("drain timeout %s (err %v), want %s", c.drainTimeout, err, tt.want)
 			}
 		})
 	}
@@ -116,5 +156,38 @@ func TestSinkWritesOnlyUnderAValidClaim(t *testing.T) {
 	var writes, members int
 	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT member) FROM shardkeeper_sink_writes WHERE id = 'a'`).Scan(&writes, &members); err != nil || writes != 2 || members != 1 {
 		t.Fatalf("row a: %d writes by %d members (err %v), want 2 by 1", writes, members, err)
+	}
+}
+
+// The worker takes NATS credentials in every form the operator takes them,
+// from the files a pod mounts, and refuses bad ones naming the flag.
+func TestNATSCredentialFormsMatchTheOperators(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  config
+		want string // "" means accepted
+	}{
+		{"user and password", config{natsCreds: write("up", "app:secret\n")}, ""},
+		{"token", config{natsCreds: write("tok", "s3cr3t")}, ""},
+		{"missing credentials file", config{natsCreds: filepath.Join(dir, "absent")}, "--nats-creds"},
+		{"TLS directory with a bad CA", config{natsTLSDir: filepath.Dir(write("ca.crt", "not a certificate"))}, "--nats-tls-dir"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := natsAuth(tc.cfg)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one naming %s", err, tc.want)
+			}
+		})
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -17,7 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/version"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
@@ -29,9 +32,9 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	defer nc.Close()
 
-	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: cfg.registryDSN, MaxConns: 8, SkipMigrate: true})
+	reg, err := worker.OpenRegistry(ctx, worker.RegistryConfig{DSN: cfg.registryDSN, MaxConns: 8})
 	if err != nil {
-		return fmt.Errorf("open registry: %w", err)
+		return err
 	}
 	defer reg.Close()
 
@@ -41,7 +44,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	defer sinkPool.Close()
 	promReg := prometheus.NewRegistry()
-	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.NewCollector())
 	s, err := newSink(ctx, sinkPool, promReg)
 	if err != nil {
 		return err
@@ -71,7 +74,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		return err
 	}
 	defer srv.Close()
-	log.Info("Worker starting", "member", cfg.member, "topology", cfg.topology)
+	log.Info("Worker starting", "member", cfg.member, "topology", cfg.topology, "version", version.Get().Version, "revision", version.Get().Revision)
 	return w.Run(ctx)
 }
 
@@ -88,11 +91,44 @@ func openHistory(cfg config) (*history.FileRecorder, error) {
 	return rec, nil
 }
 
+// natsAuth reads the credential forms and TLS files the operator accepts
+// (natsops.AuthOptions) from the files the pod mounts.
+func natsAuth(cfg config) ([]nats.Option, error) {
+	var creds []byte
+	if cfg.natsCreds != "" {
+		b, err := os.ReadFile(cfg.natsCreds)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --nats-creds: %v", errBadFlag, err)
+		}
+		creds = b
+	}
+	var files map[string][]byte
+	if cfg.natsTLSDir != "" {
+		files = map[string][]byte{}
+		for _, name := range []string{"ca.crt", "tls.crt", "tls.key"} {
+			b, err := os.ReadFile(filepath.Join(cfg.natsTLSDir, name))
+			switch {
+			case err == nil:
+				files[name] = b
+			case !errors.Is(err, os.ErrNotExist):
+				return nil, fmt.Errorf("%w: --nats-tls-dir: %v", errBadFlag, err)
+			}
+		}
+	}
+	opts, err := natsops.AuthOptions(creds, files)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-creds/--nats-tls-dir: %w", err)
+	}
+	return opts, nil
+}
+
 func connectNATS(cfg config) (*nats.Conn, error) {
 	opts := []nats.Option{nats.Name("shardkeeper-worker " + cfg.member), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
-	if cfg.natsCreds != "" {
-		opts = append(opts, nats.UserCredentials(cfg.natsCreds))
+	auth, err := natsAuth(cfg)
+	if err != nil {
+		return nil, err
 	}
+	opts = append(opts, auth...)
 	nc, err := nats.Connect(strings.TrimSpace(cfg.natsURL), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS: %w", err)

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
 
@@ -29,13 +28,13 @@ CREATE TABLE IF NOT EXISTS shardkeeper_sink_writes (
 );
 CREATE INDEX IF NOT EXISTS shardkeeper_sink_writes_id ON shardkeeper_sink_writes (id)`
 
-// insertGuarded writes only while the token is valid (poolctl.GuardSQL
+// insertGuarded writes only while the token is valid (worker.GuardSQL
 // locks the claim row until commit, so an adoption waits for it), and
 // returns how many writes of the row were there before.
 const insertGuarded = `
 WITH ins AS (
 	INSERT INTO shardkeeper_sink_writes (id, unit, member, epoch)
-	SELECT $5, $2, $3, $4 WHERE ` + poolctl.GuardSQL + `
+	SELECT $5, $2, $3, $4 WHERE ` + worker.GuardSQL + `
 	RETURNING 1)
 SELECT (SELECT count(*) FROM shardkeeper_sink_writes WHERE id = $5) FROM ins`
 
@@ -93,7 +92,7 @@ func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
 		case <-time.After(s.delay):
 		}
 	}
-	args := append(poolctl.GuardArgs(row.Token), worker.DefaultRowID(row))
+	args := append(worker.GuardArgs(row.Token), worker.DefaultRowID(row))
 	var before int
 	err := s.pool.QueryRow(ctx, insertGuarded, args...).Scan(&before)
 	switch {

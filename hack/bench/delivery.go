@@ -44,7 +44,7 @@ type deliveryFixture struct {
 	url  string
 	nc   *nats.Conn
 	js   jetstream.JetStream
-	reg  *poolctl.PG
+	reg  *worker.Registry
 	topo string
 }
 
@@ -100,11 +100,22 @@ func newDeliveryFixture(ctx context.Context, e *env) (*deliveryFixture, error) {
 		f.close()
 		return nil, err
 	}
-	if f.reg, err = poolctl.Open(ctx, poolctl.Config{DSN: dsn, MaxConns: 4}); err != nil {
+	direct, err := poolctl.Open(ctx, poolctl.Config{DSN: dsn, MaxConns: 2})
+	if err != nil {
 		f.close()
 		return nil, fmt.Errorf("open registry: %w", err)
 	}
-	return f, activateShape(ctx, f.reg, f.topo, poolctl.DefaultParams(), 1, 1)
+	err = activateShape(ctx, direct, f.topo, poolctl.DefaultParams(), 1, 1)
+	direct.Close()
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.reg, err = worker.OpenRegistry(ctx, worker.RegistryConfig{DSN: dsn, MaxConns: 4}); err != nil {
+		f.close()
+		return nil, err
+	}
+	return f, nil
 }
 
 func (f *deliveryFixture) close() {

@@ -184,7 +184,7 @@ func (w *opWorld) startOperator(bin string, v opVariant) (*operatorProc, error) 
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--metrics-bind-address=" + p.metricsAddr, "--health-probe-bind-address=0",
+	args := append([]string{"--metrics-bind-address=" + p.metricsAddr, "--metrics-secure=false", "--health-probe-bind-address=0",
 		"--pprof-bind-address=" + p.pprofAddr}, v.args...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "KUBECONFIG="+w.kubeconfig)

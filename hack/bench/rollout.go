@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,7 +52,8 @@ type rolloutRound struct {
 	// trips is the round trips the proxy counted from Activate to every
 	// unit owned, over all workers (ticks, renewals and claims).
 	trips int64
-	calls callStats
+	// spread is when the claims landed.
+	spread claimSpread
 }
 
 func runRollout(ctx context.Context, e *env) ([]result, error) {
@@ -124,8 +124,7 @@ func (f *rolloutFixture) round(ctx context.Context, topo string, batch int) (rol
 	if err := f.direct.EnsureTopology(ctx, topo, poolctl.DefaultParams()); err != nil {
 		return r, fmt.Errorf("create topology: %w", err)
 	}
-	rec := &callRecorder{}
-	fleet, err := f.startFleet(topo, batch, rec)
+	fleet, err := f.startFleet(ctx, topo, batch)
 	if err != nil {
 		return r, err
 	}
@@ -136,7 +135,6 @@ func (f *rolloutFixture) round(ctx context.Context, topo string, batch int) (rol
 	epoch := int64(1)
 	tripsBefore := f.proxy.Stats().Flights
 	start := time.Now()
-	rec.reset(start)
 	if err := f.direct.Activate(ctx, topo, epoch); err != nil {
 		return r, fmt.Errorf("activate: %w", err)
 	}
@@ -145,7 +143,9 @@ func (f *rolloutFixture) round(ctx context.Context, topo string, batch int) (rol
 	}
 	r.activate = time.Since(start)
 	r.trips = f.proxy.Stats().Flights - tripsBefore
-	r.calls = rec.stats()
+	if r.spread, err = spreadOf(ctx, f.direct, topo); err != nil {
+		return r, err
+	}
 	return r, f.drain(ctx, topo, &r)
 }
 
@@ -244,10 +244,10 @@ type fleet struct {
 
 // startFleet starts rolloutWorkers SDK workers, each with its own registry
 // pool through the proxy and its own NATS connection.
-func (f *rolloutFixture) startFleet(topo string, batch int, rec *callRecorder) (*fleet, error) {
+func (f *rolloutFixture) startFleet(ctx context.Context, topo string, batch int) (*fleet, error) {
 	fl := &fleet{}
 	for i := range rolloutWorkers {
-		if err := fl.start(f, topo, fmt.Sprintf("worker-%d", i), batch, rec); err != nil {
+		if err := fl.start(ctx, f, topo, fmt.Sprintf("worker-%d", i), batch); err != nil {
 			fl.stop()
 			return nil, err
 		}
@@ -255,25 +255,24 @@ func (f *rolloutFixture) startFleet(topo string, batch int, rec *callRecorder) (
 	return fl, nil
 }
 
-func (fl *fleet) start(f *rolloutFixture, topo, member string, batch int, rec *callRecorder) error {
-	ctx := context.Background()
-	pg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.slowDSN, MaxConns: 4, SkipMigrate: true})
+func (fl *fleet) start(ctx context.Context, f *rolloutFixture, topo, member string, batch int) error {
+	reg, err := worker.OpenRegistry(ctx, worker.RegistryConfig{DSN: f.slowDSN, MaxConns: 4})
 	if err != nil {
-		return fmt.Errorf("open registry for %s: %w", member, err)
+		return fmt.Errorf("registry for %s: %w", member, err)
 	}
-	fl.closers = append(fl.closers, pg.Close)
+	fl.closers = append(fl.closers, reg.Close)
 	nc, err := nats.Connect(f.natsURL, nats.Name(member))
 	if err != nil {
 		return fmt.Errorf("connect %s to NATS: %w", member, err)
 	}
 	fl.closers = append(fl.closers, nc.Close)
-	w, err := worker.New(worker.Options{Topology: topo, Member: member, Registry: &timedRegistry{Registry: pg, rec: rec},
+	w, err := worker.New(worker.Options{Topology: topo, Member: member, Registry: reg,
 		NATS: nc, SubjectPrefix: f.layout.SubjectPrefix, ConsumerName: f.layout.ConsumerName, ClaimBatch: batch,
 		Handler: func(context.Context, worker.Row) worker.Settlement { return worker.Ack }})
 	if err != nil {
 		return fmt.Errorf("worker %s: %w", member, err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
 	fl.cancels, fl.done = append(fl.cancels, cancel), append(fl.done, done)
@@ -294,66 +293,44 @@ func (fl *fleet) stop() {
 	}
 }
 
-// timedRegistry records the duration of the calls a tick makes.
-type timedRegistry struct {
-	poolctl.Registry
-	rec *callRecorder
+// claimSpread is when the claims of a convergence landed, on the
+// registry's clock, from its claim history: for each worker, its first
+// and last claim after the activation.
+type claimSpread struct {
+	firstMedian, spanMedian, last time.Duration
 }
 
-func (t *timedRegistry) Snapshot(ctx context.Context, topology string) (poolctl.Snapshot, error) {
-	defer t.rec.record("Snapshot", time.Now())
-	return t.Registry.Snapshot(ctx, topology)
-}
-
-func (t *timedRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, under int64, units []string) ([]poolctl.ClaimOutcome, error) {
-	defer t.rec.record("ClaimMany", time.Now())
-	return t.Registry.ClaimMany(ctx, m, under, units)
-}
-
-func (t *timedRegistry) ReleaseMany(ctx context.Context, tokens []poolctl.Token) ([]error, error) {
-	defer t.rec.record("ReleaseMany", time.Now())
-	return t.Registry.ReleaseMany(ctx, tokens)
-}
-
-// callRecorder collects registry call durations from a starting instant.
-type callRecorder struct {
-	mu    sync.Mutex
-	since time.Time
-	calls map[string][]time.Duration
-	// lastEnd is when the last call ended, relative to since.
-	lastEnd map[string]time.Duration
-}
-
-func (c *callRecorder) reset(since time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.since, c.calls, c.lastEnd = since, map[string][]time.Duration{}, map[string]time.Duration{}
-}
-
-func (c *callRecorder) record(name string, start time.Time) {
-	end := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.calls == nil || start.Before(c.since) {
-		return
+// spreadOf reads topo's claim history against its activation.
+func spreadOf(ctx context.Context, r *poolctl.PG, topo string) (claimSpread, error) {
+	epochs, err := r.EpochHistory(ctx, topo)
+	if err != nil || len(epochs) == 0 || epochs[0].ActivatedAt.IsZero() {
+		return claimSpread{}, fmt.Errorf("epoch history of %s: %v", topo, err)
 	}
-	c.calls[name] = append(c.calls[name], end.Sub(start))
-	c.lastEnd[name] = end.Sub(c.since)
-}
-
-// callStats condenses the recorded calls.
-type callStats struct {
-	claimCalls   int
-	claimMedian  time.Duration
-	lastClaimEnd time.Duration
-	snapMedian   time.Duration
-}
-
-func (c *callRecorder) stats() callStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return callStats{claimCalls: len(c.calls["ClaimMany"]), claimMedian: median(c.calls["ClaimMany"]),
-		lastClaimEnd: c.lastEnd["ClaimMany"], snapMedian: median(c.calls["Snapshot"])}
+	activated := epochs[0].ActivatedAt
+	events, err := r.ClaimHistory(ctx, topo)
+	if err != nil {
+		return claimSpread{}, fmt.Errorf("claim history of %s: %w", topo, err)
+	}
+	first, last := map[string]time.Time{}, map[string]time.Time{}
+	var sp claimSpread
+	for _, ev := range events {
+		if ev.Op != "claim" || ev.At.Before(activated) {
+			continue
+		}
+		if f, ok := first[ev.Owner]; !ok || ev.At.Before(f) {
+			first[ev.Owner] = ev.At
+		}
+		if ev.At.After(last[ev.Owner]) {
+			last[ev.Owner] = ev.At
+		}
+		sp.last = max(sp.last, ev.At.Sub(activated))
+	}
+	var firsts, spans []time.Duration
+	for m, f := range first {
+		firsts, spans = append(firsts, f.Sub(activated)), append(spans, last[m].Sub(f))
+	}
+	sp.firstMedian, sp.spanMedian = median(firsts), median(spans)
+	return sp, nil
 }
 
 func rolloutResults(rounds []rolloutRound, prof *profile) []result {
@@ -404,15 +381,15 @@ func rolloutNotes(rounds []rolloutRound) []string {
 	notes := []string{fmt.Sprintf("%d workers, %d x %d units (R1 consumers, one nats-server), SDK defaults (tick %s), rounds alternate; medians of %d each",
 		rolloutWorkers, rolloutPartitions, rolloutShards, rolloutTick, rolloutRounds)}
 	for i, r := range rounds {
-		notes = append(notes, fmt.Sprintf("round %d, ClaimBatch %d: Activate->owned %s (%d round trips by all workers meanwhile; %d ClaimMany calls, median %s, the last ended at %s; Snapshot median %s), drain->empty %s, drain->owned %s",
-			i+1, r.batch, ms(r.activate), r.trips, r.calls.claimCalls, ms(r.calls.claimMedian), ms(r.calls.lastClaimEnd),
-			ms(r.calls.snapMedian), ms(r.drainEmpty), ms(r.drainOwned)))
+		notes = append(notes, fmt.Sprintf("round %d, ClaimBatch %d: Activate->owned %s (%d round trips by all workers meanwhile; a worker's first claim %s after activation, its last %s later (medians), the last of all at %s, registry clock); drain->empty %s, drain->owned %s",
+			i+1, r.batch, ms(r.activate), r.trips, ms(r.spread.firstMedian), ms(r.spread.spanMedian), ms(r.spread.last),
+			ms(r.drainEmpty), ms(r.drainOwned)))
 	}
 	return notes
 }
 
-// rolloutWhy breaks the median batched round down: the tick wait, the
-// claim calls and what followed them.
+// rolloutWhy breaks the median batched round down: the wait for a tick
+// and the claims.
 func rolloutWhy(batched []rolloutRound, goal time.Duration) []string {
 	if len(batched) == 0 {
 		return []string{"no batched round"}
@@ -420,7 +397,7 @@ func rolloutWhy(batched []rolloutRound, goal time.Duration) []string {
 	r := batched[len(batched)/2]
 	return []string{
 		fmt.Sprintf("Activate->owned took %s against %s", ms(r.activate), ms(goal)),
-		fmt.Sprintf("each worker claims its units in %d call(s) per tick; median ClaimMany %s, median Snapshot %s; the last claim ended %s after Activate",
-			max(1, r.calls.claimCalls/rolloutWorkers), ms(r.calls.claimMedian), ms(r.calls.snapMedian), ms(r.calls.lastClaimEnd)),
+		fmt.Sprintf("a worker's first claim landed %s after the activation (its next tick), its last %s after its first; the last claim of all at %s (registry clock)",
+			ms(r.spread.firstMedian), ms(r.spread.spanMedian), ms(r.spread.last)),
 	}
 }

@@ -64,6 +64,13 @@ func (b *procBuilder) nd(n uint64) *procBuilder {
 	return b
 }
 
+// fetch records a pull of unit from startMs to endMs that brought rows.
+func (b *procBuilder) fetch(unit string, startMs, endMs, rows int) *procBuilder {
+	b.add(history.KindFetch, unit, 0, "", startMs, endMs)
+	b.p.Records[len(b.p.Records)-1].Rows = rows
+	return b
+}
+
 func (b *procBuilder) reset(unit string, ms int) *procBuilder {
 	return b.add(history.KindReset, unit, 0, "", ms, ms+1)
 }

@@ -19,6 +19,7 @@ func Check(in Input) Verdict {
 		ClaimChecksNA: in.NoRegistry, P2NA: in.NoRegistry || len(in.Epochs) == 0,
 	}
 	c.checkOverlap(&v)
+	c.countPulls(&v)
 	if !v.ClaimChecksNA {
 		c.checkTokens(&v)
 	}
@@ -36,6 +37,20 @@ type checker struct {
 	in Input
 	ev *evidence
 	ex examples
+}
+
+// countPulls counts units two processes were pulling at once: their fetch
+// windows overlap, whether or not rows came. It is what a field report
+// calls "pulled by two processes", and information, not a P1 check: a
+// process paused in a pull is pulling without being able to act, and only
+// deliveries and settles are actions.
+func (c *checker) countPulls(v *Verdict) {
+	byUnit := map[string][]window{}
+	for i := range c.ev.pulls {
+		a := &c.ev.pulls[i]
+		byUnit[a.rec.Unit] = append(byUnit[a.rec.Unit], window{a.start, a.end, a.proc, a})
+	}
+	v.UnitsPulledByTwo = findOverlaps(byUnit).units
 }
 
 // checkOverlap is P1 overlap: no two processes' windows on one unit overlap.

@@ -88,6 +88,15 @@ func TestCheck(t *testing.T) {
 			want:  map[string]string{CheckOverlaps: "0"},
 		},
 		{
+			// Both pulled 0.0 at once, but only a delivered: pulling is not
+			// acting, so P1 holds; the count is information.
+			name: "two processes pulling one unit at once are counted, not failed",
+			in: with(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).ack("0.0", 1, "r1", 22, 23).fetch("0.0", 15, 45, 1)),
+				proc(1, newProc("b-2-200", "b", 1).fetch("0.0", 35, 48, 0).deliver("0.0", 2, "r2", 50).ack("0.0", 2, "r2", 52, 53))),
+			clean: true,
+			want:  map[string]string{CheckPulledByTwo: "1", CheckOverlaps: "0"},
+		},
+		{
 			name: "zero-length delivery strictly inside another process's window is an overlap",
 			in:   with(proc(1, newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 21).ack("0.0", 2, "r2", 52, 53))),
 			want: map[string]string{CheckOverlaps: "1", CheckStaleDeliveries: "1"},

@@ -50,6 +50,12 @@
 // row is an action on the unit all the same: it gets the window
 // [Start, End] of its own record.
 //
+// Pulled by two. A fetch record is a window of its process pulling its
+// unit, rows or not. Units whose fetch windows of two processes overlap
+// are counted ("units pulled by two processes", what field reports count),
+// as information: a process paused inside a pull is pulling without being
+// able to act, so this is not a P1 check.
+//
 // P1 overlap. Windows are closed intervals [s, e]. Two windows of different
 // processes on one unit overlap iff s1 < e2 and s2 < e1: they share an
 // instant that lies strictly inside at least one of them. So a window ending

@@ -33,8 +33,11 @@ type evidence struct {
 	orphans    []action // settles that followed no delivery of their row
 	resets     map[string][]int64
 	fetches    int
-	withheld   int // withheld rows that were never delivered
-	truncated  int
+	// pulls are the fetch records, each a window of a process pulling a
+	// unit, rows or not.
+	pulls     []action
+	withheld  int // withheld rows that were never delivered
+	truncated int
 }
 
 // openKey identifies the deliveries a settle record may close.
@@ -99,6 +102,7 @@ func (ev *evidence) addProcess(procs []history.Process, pi int) {
 			ev.resets[r.Unit] = append(ev.resets[r.Unit], a.start)
 		case history.KindFetch:
 			ev.fetches++
+			ev.pulls = append(ev.pulls, a)
 		}
 	}
 }

@@ -12,8 +12,8 @@ func ExampleSideBySide() {
 	independent := Check(Input{
 		NoRegistry: true,
 		Processes: []history.Process{
-			newProc("a-1-100", "a", 0).deliver("0.0", 0, "r1", 20).ack("0.0", 0, "r1", 22, 40).done(),
-			newProc("b-2-200", "b", 0).deliver("0.0", 0, "r1", 30).nd(2).ack("0.0", 0, "r1", 32, 33).done(),
+			newProc("a-1-100", "a", 0).deliver("0.0", 0, "r1", 20).ack("0.0", 0, "r1", 22, 40).fetch("0.0", 10, 45, 1).done(),
+			newProc("b-2-200", "b", 0).deliver("0.0", 0, "r1", 30).nd(2).ack("0.0", 0, "r1", 32, 33).fetch("0.0", 25, 50, 1).done(),
 		},
 		Sink:      []SinkWrite{write("r1", "0.0", "a", 0, 21), write("r1", "0.0", "b", 0, 31)},
 		Published: published("0.0", "r1"),
@@ -32,4 +32,5 @@ func ExampleSideBySide() {
 	// unrecorded writes                                 0 OK          0 OK
 	// duplicates explained (takeover/reset/redelivery)  0 (0/0/0) OK  1 (0/0/1) OK
 	// duplicates unexplained                            0 OK          0 OK
+	// units pulled by two processes (fetches)           0 info        1 info
 }

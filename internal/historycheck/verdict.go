@@ -22,6 +22,7 @@ const (
 	CheckUnrecorded        = "unrecorded writes"
 	CheckDupExplained      = "duplicates explained (takeover/reset/redelivery)"
 	CheckDupUnexplained    = "duplicates unexplained"
+	CheckPulledByTwo       = "units pulled by two processes (fetches)"
 )
 
 // CheckNames returns the checks in Table order.
@@ -30,7 +31,7 @@ func CheckNames() []string {
 		CheckOverlaps, CheckUnitsDoublePulled, CheckMaxDoublePulled,
 		CheckStaleDeliveries, CheckStaleAcks, CheckStaleWrites,
 		CheckP2, CheckLost, CheckUnrecorded,
-		CheckDupExplained, CheckDupUnexplained,
+		CheckDupExplained, CheckDupUnexplained, CheckPulledByTwo,
 	}
 }
 
@@ -42,6 +43,8 @@ const (
 	OK   Status = "OK"
 	Fail Status = "FAIL"
 	NA   Status = "n/a"
+	// Info marks a measurement that is not a check.
+	Info Status = "info"
 )
 
 // Violation is one example of a failed check.
@@ -85,6 +88,10 @@ type Verdict struct {
 	Lost               int
 	LostIDs            []string // the first few, sorted
 	Unrecorded         int
+
+	// UnitsPulledByTwo counts units whose fetch windows of two processes
+	// overlap (information, not a check; see countPulls).
+	UnitsPulledByTwo int
 
 	Duplicates     int // every sink write after a row's first
 	DupTakeover    int // explained by a takeover
@@ -133,6 +140,7 @@ func (v Verdict) Lines() []Line {
 		// designed: counted, never a failure.
 		{CheckDupExplained, fmt.Sprintf("%d (%d/%d/%d)", explained, v.DupTakeover, v.DupReset, v.DupRedelivery), OK},
 		countLine(CheckDupUnexplained, v.DupUnexplained, false),
+		{CheckPulledByTwo, fmt.Sprint(v.UnitsPulledByTwo), Info},
 	}
 }
 

@@ -7,26 +7,44 @@ package operator
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/controllers"
+	"github.com/shardkeeper/shardkeeper/internal/version"
 )
 
 // Options are the operator's settings.
 type Options struct {
 	// MetricsAddr is where the Prometheus endpoint binds; "0" disables it.
 	MetricsAddr string
+	// MetricsSecure serves /metrics over HTTPS (a self-signed certificate)
+	// and lets through only requests whose bearer token the API server
+	// authenticates (TokenReview) and authorizes for GET /metrics
+	// (SubjectAccessReview), as kubebuilder v4 does.
+	MetricsSecure bool
+	// EnableHTTP2 lets the metrics server speak HTTP/2. Off by default, as
+	// in kubebuilder: HTTP/2 Stream Cancellation and Rapid Reset
+	// (CVE-2023-44487, CVE-2023-39325) make it a liability for an endpoint
+	// that gains nothing from it.
+	EnableHTTP2 bool
 	// ProbeAddr is where /healthz and /readyz bind; "0" disables them.
 	ProbeAddr string
 	// PprofAddr is where net/http/pprof binds, for profiling a running
@@ -38,6 +56,11 @@ type Options struct {
 	LeaderElectionNamespace string
 	// LeaderElectionID names the Lease.
 	LeaderElectionID string
+	// WatchNamespaces restricts the operator to ShardTopologies, Secrets,
+	// StatefulSets and Pods of these namespaces (--watch-namespace); empty
+	// means every namespace. It fills Cache.DefaultNamespaces unless that
+	// is set already.
+	WatchNamespaces []string
 	// Cache restricts what the manager watches (tests limit it to one
 	// namespace); the zero value watches everything.
 	Cache cache.Options
@@ -71,10 +94,26 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if err != nil {
 		return nil, err
 	}
+	cacheOpts := o.Cache
+	if len(o.WatchNamespaces) > 0 && cacheOpts.DefaultNamespaces == nil {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range o.WatchNamespaces {
+			cacheOpts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
-		Cache:                   o.Cache,
-		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
+		Scheme: scheme,
+		Cache:  cacheOpts,
+		Client: client.Options{Cache: &client.CacheOptions{
+			// Secret and Pod reads go to the API server: a cached read
+			// would start an informer holding every Secret (with its data)
+			// and every Pod of each watched namespace, or of the whole
+			// cluster, for the few the topologies name. Secrets are
+			// watched metadata-only (SetupWithManager); Pods are listed
+			// only while a roll needs them.
+			DisableFor: []client.Object{&corev1.Secret{}, &corev1.Pod{}},
+		}},
+		Metrics:                 metricsOptions(o),
 		HealthProbeBindAddress:  o.ProbeAddr,
 		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
@@ -107,6 +146,9 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	})); err != nil {
 		return nil, fmt.Errorf("add connection closer: %w", err)
 	}
+	if err := registerBuildInfo(metrics.Registry); err != nil {
+		return nil, err
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("add health check: %w", err)
 	}
@@ -114,4 +156,32 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		return nil, fmt.Errorf("add readiness check: %w", err)
 	}
 	return mgr, nil
+}
+
+// metricsOptions serves metrics the way kubebuilder v4 does: with
+// MetricsSecure, HTTPS and the authentication and authorization filter;
+// HTTP/2 only when asked for.
+func metricsOptions(o Options) metricsserver.Options {
+	m := metricsserver.Options{BindAddress: o.MetricsAddr, SecureServing: o.MetricsSecure}
+	if o.MetricsSecure {
+		m.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	if !o.EnableHTTP2 {
+		m.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
+	return m
+}
+
+// registerBuildInfo adds shardkeeper_build_info to reg once; tests start
+// several managers in one process, and they share controller-runtime's
+// global registry.
+func registerBuildInfo(reg prometheus.Registerer) error {
+	err := reg.Register(version.NewCollector())
+	if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("register %s: %w", version.BuildInfoName, err)
+	}
+	return nil
 }

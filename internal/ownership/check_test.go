@@ -61,15 +61,15 @@ func TestCheckPlanCatchesBrokenPlans(t *testing.T) {
 // a simulator can count the unit as multiply-owned, and reported as P1.
 // checks P1
 func TestStateShowsTwoOwners(t *testing.T) {
-	s, err := NewState(1, fleet(2), Claims{{0, 0}: "w-0"})
+	s, err := NewState(1, fleet(2), Claims{{Partition: 0, Shard: 0}: "w-0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.Apply(0, Step{Name: StepClaim, Epoch: 1, Moves: []Move{{Unit: Unit{0, 0}, To: "w-1"}}})
+	err = s.Apply(0, Step{Name: StepClaim, Epoch: 1, Moves: []Move{{Unit: Unit{Partition: 0, Shard: 0}, To: "w-1"}}})
 	if !hasPromise(err, PromiseOneOwner) {
 		t.Fatalf("Apply = %v, want P1", err)
 	}
-	if h := s.Holders[Unit{0, 0}]; len(h) != 2 {
+	if h := s.Holders[Unit{Partition: 0, Shard: 0}]; len(h) != 2 {
 		t.Fatalf("holders %v, want both", h)
 	}
 }

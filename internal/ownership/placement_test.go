@@ -78,7 +78,7 @@ func TestPlaceWithoutSlotsOrUnits(t *testing.T) {
 			if pl.Len() != 0 {
 				t.Fatalf("placed %d units, want 0", pl.Len())
 			}
-			if _, ok := pl.Owner(Unit{0, 0}); ok {
+			if _, ok := pl.Owner(Unit{Partition: 0, Shard: 0}); ok {
 				t.Fatalf("unit 0.0 has an owner")
 			}
 		})
@@ -100,7 +100,7 @@ func TestPlaceGolden(t *testing.T) {
 	if !maps.EqualFunc(got, want, slices.Equal) {
 		t.Fatalf("placement of 2x4 over slots 0..2 changed:\n got %v\nwant %v", got, want)
 	}
-	if w := weight(unitKey(Unit{3, 11}), slotKey(7)); w != 0xbd3697e1a94a32af {
+	if w := weight(unitKey(Unit{Partition: 3, Shard: 11}), slotKey(7)); w != 0xbd3697e1a94a32af {
 		t.Fatalf("weight(3.11, slot 7) = %#x, want 0xbd3697e1a94a32af", w)
 	}
 }

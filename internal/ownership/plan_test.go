@@ -190,10 +190,10 @@ func TestPlannersRejectBadInput(t *testing.T) {
 			return changeErr(ChangeInput{From: top, To: top, Members: []Member{{Name: "a", Slot: NoSlot}}})
 		}},
 		{"claim outside the topology", func() error {
-			return changeErr(ChangeInput{From: top, To: top, Members: ms, Claims: Claims{{5, 0}: "w-0"}})
+			return changeErr(ChangeInput{From: top, To: top, Members: ms, Claims: Claims{{Partition: 5, Shard: 0}: "w-0"}})
 		}},
 		{"claim by a member that is not live", func() error {
-			return changeErr(ChangeInput{From: top, To: top, Members: ms, Claims: Claims{{0, 0}: "gone"}})
+			return changeErr(ChangeInput{From: top, To: top, Members: ms, Claims: Claims{{Partition: 0, Shard: 0}: "gone"}})
 		}},
 		{"roll order with a stranger", func() error {
 			_, err := PlanRoll(RollInput{Topology: top, Members: ms, Order: []string{"w-0", "x"}})

@@ -1,6 +1,7 @@
 package ownership
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -116,7 +117,7 @@ func (s *State) Members() []Member {
 	for name, slot := range s.Live {
 		out = append(out, Member{Name: name, Slot: slot})
 	}
-	slices.SortFunc(out, func(a, b Member) int { return compareInt(int(a.Slot), int(b.Slot)) })
+	slices.SortFunc(out, func(a, b Member) int { return cmp.Compare(int(a.Slot), int(b.Slot)) })
 	return out
 }
 

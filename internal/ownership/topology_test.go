@@ -39,7 +39,7 @@ func TestTopologyValidate(t *testing.T) {
 
 func TestTopologyUnitsAreCanonical(t *testing.T) {
 	us := Topology{2, 3}.Units()
-	want := []Unit{{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}}
+	want := []Unit{{Partition: 0, Shard: 0}, {Partition: 0, Shard: 1}, {Partition: 0, Shard: 2}, {Partition: 1, Shard: 0}, {Partition: 1, Shard: 1}, {Partition: 1, Shard: 2}}
 	if !slices.Equal(us, want) {
 		t.Fatalf("Units() = %v, want %v", us, want)
 	}

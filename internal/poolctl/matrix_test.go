@@ -393,22 +393,27 @@ func (b *twinBackend) wire(_ string, kind faultKind, what string, f func(Registr
 }
 
 // pgBackend: every caller reaches PostgreSQL through its own fault proxy
-// and pool; a cut closes its connections and refuses new ones.
+// and pool; a cut closes its connections and refuses new ones. A call
+// under a wire fault goes through a second pool on the same proxy (see
+// newWirePool); the others use prepared statements, as workers do.
 type pgBackend struct {
-	direct  *PG
-	links   map[string]*PG
-	proxies map[string]*faultproxy.Proxy
-	isCut   map[string]bool
+	direct    *PG
+	links     map[string]*PG
+	wireLinks map[string]*PG
+	proxies   map[string]*faultproxy.Proxy
+	isCut     map[string]bool
 }
 
 func newPGBackend(t testing.TB) *pgBackend {
 	pg, dsn := newPG(t)
-	b := &pgBackend{direct: pg, links: map[string]*PG{}, proxies: map[string]*faultproxy.Proxy{}, isCut: map[string]bool{}}
+	b := &pgBackend{direct: pg, links: map[string]*PG{}, wireLinks: map[string]*PG{}, proxies: map[string]*faultproxy.Proxy{},
+		isCut: map[string]bool{}}
 	target := pgAddr(t)
 	for _, a := range []string{"a", "b", "z", "op"} {
 		p := faultproxy.New(t, target)
 		b.proxies[a] = p
-		b.links[a] = New(newWirePool(t, viaAddr(t, dsn, p.Addr())))
+		b.links[a] = New(newPool(t, viaAddr(t, dsn, p.Addr()), 2))
+		b.wireLinks[a] = New(newWirePool(t, viaAddr(t, dsn, p.Addr())))
 	}
 	return b
 }
@@ -423,7 +428,7 @@ func newWirePool(t testing.TB, dsn string) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MaxConns = 2
+	cfg.MaxConns = 1
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -442,7 +447,7 @@ var readyIdle = []byte{'Z', 0, 0, 0, 5, 'I'}
 // wire cuts the actor's connection at the call's first reply (a few bytes
 // of it get through), or drops the reply that ends its transaction.
 func (b *pgBackend) wire(a string, kind faultKind, _ string, f func(Registry) error) (error, bool) {
-	link := b.links[a]
+	link := b.wireLinks[a]
 	// A connection is open before the fault is armed, so the fault strikes
 	// the call rather than a connection's start-up (which also ends with
 	// ReadyForQuery).
@@ -467,6 +472,7 @@ func (b *pgBackend) cut(a string) {
 	b.proxies[a].Refuse(true)
 	b.proxies[a].CutAll()
 	b.links[a].Pool().Reset()
+	b.wireLinks[a].Pool().Reset()
 }
 
 // heal lets connections through again and drops the pool's dead ones, as a
@@ -478,6 +484,7 @@ func (b *pgBackend) heal(a string) {
 	b.isCut[a] = false
 	b.proxies[a].Refuse(false)
 	b.links[a].Pool().Reset()
+	b.wireLinks[a].Pool().Reset()
 }
 
 // TestFaultMatrixTwin runs every combination against the twin alone and

@@ -152,10 +152,13 @@ func (p *PG) EnsureTopology(ctx context.Context, topology string, prm Params) er
 	}
 	prm = prm.normalized()
 	_, err := p.pool.Exec(ctx, `
-		INSERT INTO shardkeeper.topologies (topology, lease_ttl, renew_interval, query_bound, grace)
-		VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (topology) DO UPDATE SET lease_ttl = $2, renew_interval = $3, query_bound = $4, grace = $5`,
-		topology, prm.LeaseTTL, prm.RenewInterval, prm.QueryBound, prm.Grace)
+		INSERT INTO shardkeeper.topologies (topology, lease_ttl, renew_interval, query_bound, grace,
+			subject_prefix, consumer_name, drain_timeout)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (topology) DO UPDATE SET lease_ttl = $2, renew_interval = $3, query_bound = $4, grace = $5,
+			subject_prefix = $6, consumer_name = $7, drain_timeout = $8`,
+		topology, prm.LeaseTTL, prm.RenewInterval, prm.QueryBound, prm.Grace,
+		prm.Worker.SubjectPrefix, prm.Worker.ConsumerName, prm.Worker.DrainTimeout)
 	if err != nil {
 		return fmt.Errorf("ensure topology %q: %w", topology, err)
 	}

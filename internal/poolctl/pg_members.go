@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,7 +106,7 @@ func (p *PG) Renew(ctx context.Context, m MemberRef) (Lease, error) {
 			 WHERE m.topology = $1 AND m.member = $2 AND m.incarnation = $3
 			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
 			RETURNING m.lease_expires_at, coalesce(m.slot, -1) AS slot)
-		SELECT t.now, t.lease_ttl, t.renew_interval, t.query_bound, t.grace, upd.lease_expires_at, upd.slot, `+memberCols("cur")+`
+		SELECT t.now, `+paramsColsOf("t")+`, upd.lease_expires_at, upd.slot, `+memberCols("cur")+`
 		  FROM (SELECT 1) one LEFT JOIN t ON true LEFT JOIN cur ON true LEFT JOIN upd ON true`,
 		m.Topology, m.Member, m.Incarnation).Scan(scanAll([]any{&now}, prm.dest(), []any{&expires, &slot}, cur.dest())...)
 	if err != nil {
@@ -121,21 +122,37 @@ func (p *PG) Renew(ctx context.Context, m MemberRef) (Lease, error) {
 	return Lease{MemberRef: m, Slot: *slot, TTL: params.LeaseTTL, ExpiresAt: *expires, Params: params}, nil
 }
 
-// paramsCols are a topology row's lease parameters, as paramsDest and
-// nullParams scan them.
-const paramsCols = "lease_ttl, renew_interval, query_bound, grace"
+// paramsCols are a topology row's parameters (lease and worker
+// settings), as paramsDest and nullParams scan them.
+const paramsCols = "lease_ttl, renew_interval, query_bound, grace, subject_prefix, consumer_name, drain_timeout"
+
+// paramsColsOf is paramsCols qualified by alias a.
+func paramsColsOf(a string) string {
+	cols := strings.Split(paramsCols, ", ")
+	for i, c := range cols {
+		cols[i] = a + "." + c
+	}
+	return strings.Join(cols, ", ")
+}
 
 func paramsDest(p *Params) []any {
-	return []any{&p.LeaseTTL, &p.RenewInterval, &p.QueryBound, &p.Grace}
+	return []any{&p.LeaseTTL, &p.RenewInterval, &p.QueryBound, &p.Grace,
+		&p.Worker.SubjectPrefix, &p.Worker.ConsumerName, &p.Worker.DrainTimeout}
 }
 
 // nullParams scans possibly absent parameters.
-type nullParams struct{ ttl, renew, query, grace *time.Duration }
+type nullParams struct {
+	ttl, renew, query, grace, drain *time.Duration
+	prefix, consumer                *string
+}
 
-func (n *nullParams) dest() []any { return []any{&n.ttl, &n.renew, &n.query, &n.grace} }
+func (n *nullParams) dest() []any {
+	return []any{&n.ttl, &n.renew, &n.query, &n.grace, &n.prefix, &n.consumer, &n.drain}
+}
 
 func (n *nullParams) params() Params {
-	return Params{LeaseTTL: *n.ttl, RenewInterval: *n.renew, QueryBound: *n.query, Grace: *n.grace}
+	return Params{LeaseTTL: *n.ttl, RenewInterval: *n.renew, QueryBound: *n.query, Grace: *n.grace,
+		Worker: WorkerSettings{SubjectPrefix: *n.prefix, ConsumerName: *n.consumer, DrainTimeout: *n.drain}}
 }
 
 // nullTime is NULL for the zero time.

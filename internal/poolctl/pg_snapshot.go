@@ -12,10 +12,10 @@ import (
 
 // snapshotSQL reads a topology's whole state in one statement; nested rows
 // come back as JSON.
-const snapshotSQL = `
-	WITH t AS (SELECT topology, shardkeeper.clock(topology) AS now, lease_ttl, renew_interval, query_bound, grace
+var snapshotSQL = `
+	WITH t AS (SELECT topology, shardkeeper.clock(topology) AS now, ` + paramsCols + `
 	             FROM shardkeeper.topologies WHERE topology = $1)
-	SELECT t.now, t.lease_ttl, t.renew_interval, t.query_bound, t.grace,
+	SELECT t.now, ` + paramsColsOf("t") + `,
 	  (SELECT coalesce(json_agg(json_build_object(
 	      'number', e.epoch, 'partitions', e.partitions, 'shards', e.shards, 'state', e.state,
 	      'acked', (SELECT coalesce(json_agg(a.member ORDER BY a.member COLLATE "C"), '[]'::json)
@@ -74,9 +74,8 @@ func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 		reason, floor                         *string
 		servers                               map[string]string
 	)
-	err := p.pool.QueryRow(ctx, snapshotSQL, topology).Scan(&s.Now, &s.Params.LeaseTTL, &s.Params.RenewInterval,
-		&s.Params.QueryBound, &s.Params.Grace, &epochsJSON, &membersJSON, &retiringJSON, &allowed, &takenAt, &reason,
-		&floor, &servers, &s.Counts.Held, &s.Counts.Handover, &s.Counts.Free)
+	err := p.pool.QueryRow(ctx, snapshotSQL, topology).Scan(scanAll([]any{&s.Now}, paramsDest(&s.Params), []any{&epochsJSON, &membersJSON, &retiringJSON, &allowed, &takenAt, &reason,
+		&floor, &servers, &s.Counts.Held, &s.Counts.Handover, &s.Counts.Free})...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Snapshot{}, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
 	} else if err != nil {

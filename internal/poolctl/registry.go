@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/shardkeeper/shardkeeper/pkg/shard"
 )
 
 // Registry is the ownership registry of one or more ShardTopologies. The
@@ -145,6 +147,21 @@ type Params struct {
 	// and to a lifted fence before its member may adopt. P5 requires at
 	// least RenewInterval + QueryBound.
 	Grace time.Duration
+	// Worker is what the operator tells workers beside their lease.
+	Worker WorkerSettings
+}
+
+// WorkerSettings are the parts of a ShardTopology's spec its workers need:
+// they read them from the registry with their lease, so a spec change
+// reaches them without flags or a restart. Zero values mean "not set" (a
+// worker then keeps its own default).
+type WorkerSettings struct {
+	// SubjectPrefix and ConsumerName name streams and consumers
+	// (spec.nats.subjectPrefix, spec.nats.consumerName).
+	SubjectPrefix, ConsumerName string
+	// DrainTimeout bounds a handover's wait for delivered rows
+	// (spec.rollout.drainTimeout).
+	DrainTimeout time.Duration
 }
 
 // DefaultParams are safe defaults: a 10s lease renewed every 3s, queries
@@ -164,6 +181,8 @@ func (p Params) Validate() error {
 	case p.Grace < p.RenewInterval+p.QueryBound:
 		return fmt.Errorf("grace %v is shorter than renew interval %v plus query bound %v (P5): %w",
 			p.Grace, p.RenewInterval, p.QueryBound, ErrInvalid)
+	case p.Worker.DrainTimeout < 0:
+		return fmt.Errorf("drain timeout %v is negative: %w", p.Worker.DrainTimeout, ErrInvalid)
 	}
 	return nil
 }
@@ -175,6 +194,8 @@ func (p Params) normalized() Params {
 		RenewInterval: p.RenewInterval.Truncate(time.Microsecond),
 		QueryBound:    p.QueryBound.Truncate(time.Microsecond),
 		Grace:         p.Grace.Truncate(time.Microsecond),
+		Worker: WorkerSettings{SubjectPrefix: p.Worker.SubjectPrefix, ConsumerName: p.Worker.ConsumerName,
+			DrainTimeout: p.Worker.DrainTimeout.Truncate(time.Microsecond)},
 	}
 }
 
@@ -203,18 +224,9 @@ type Lease struct {
 }
 
 // Token is what a holder presents with every write: the claim at one
-// fencing epoch. Sinks check it (GuardedExec, CheckToken, EpochFence).
-type Token struct {
-	Topology string
-	Unit     string
-	Member   string
-	Epoch    int64
-}
-
-// String names the token for errors and logs.
-func (t Token) String() string {
-	return fmt.Sprintf("%s/%s@%d by %s", t.Topology, t.Unit, t.Epoch, t.Member)
-}
+// fencing epoch. Sinks check it (GuardedExec, CheckToken, EpochFence). It
+// is shard.Token, public so the worker SDK can hand it to its users.
+type Token = shard.Token
 
 // Claim is the result of a successful Claim.
 type Claim struct {

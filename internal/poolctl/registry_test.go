@@ -15,10 +15,12 @@ func TestParamsValidateEnforcesP5Grace(t *testing.T) { // checks P5
 		ok   bool
 	}{
 		{"defaults", DefaultParams(), true},
-		{"grace equal to renew plus query", Params{10 * time.Second, 3 * time.Second, 2 * time.Second, 5 * time.Second}, true},
-		{"grace below renew plus query", Params{10 * time.Second, 3 * time.Second, 2 * time.Second, 4 * time.Second}, false},
-		{"renew plus query not below ttl", Params{5 * time.Second, 3 * time.Second, 2 * time.Second, 5 * time.Second}, false},
+		{"grace equal to renew plus query", Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second, Grace: 5 * time.Second}, true},
+		{"grace below renew plus query", Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second, Grace: 4 * time.Second}, false},
+		{"renew plus query not below ttl", Params{LeaseTTL: 5 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second, Grace: 5 * time.Second}, false},
 		{"zero", Params{}, false},
+		{"negative drain timeout", Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second,
+			Grace: 5 * time.Second, Worker: WorkerSettings{DrainTimeout: -time.Second}}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -355,16 +357,16 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 		}
 		cb, _ := r.Claim(ctx, b.MemberRef, 1, "0.7")
 		// 0.1 handed to b and taken; 0.2 released; 0.3 in handover.
-		must(t, r.Handover(ctx, Token{topo, "0.1", "a", 1}, "b"))
+		must(t, r.Handover(ctx, Token{Topology: topo, Unit: "0.1", Member: "a", Epoch: 1}, "b"))
 		_, err := r.Claim(ctx, b.MemberRef, 1, "0.1")
 		must(t, err)
-		must(t, r.Release(ctx, Token{topo, "0.2", "a", 1}))
-		must(t, r.Handover(ctx, Token{topo, "0.3", "a", 1}, ""))
+		must(t, r.Release(ctx, Token{Topology: topo, Unit: "0.2", Member: "a", Epoch: 1}))
+		must(t, r.Handover(ctx, Token{Topology: topo, Unit: "0.3", Member: "a", Epoch: 1}, ""))
 		expected["0.9"] = 4 // never claimed
 
 		conf, err := r.ConfirmOwned(ctx, a.MemberRef, expected)
 		must(t, err)
-		wantHeld := map[string]Token{"0.0": {topo, "0.0", "a", 1}, "0.3": {topo, "0.3", "a", 1}}
+		wantHeld := map[string]Token{"0.0": {Topology: topo, Unit: "0.0", Member: "a", Epoch: 1}, "0.3": {Topology: topo, Unit: "0.3", Member: "a", Epoch: 1}}
 		if !reflect.DeepEqual(conf.Held, wantHeld) || !reflect.DeepEqual(conf.Handover, []string{"0.3"}) {
 			t.Fatalf("held %+v handover %v", conf.Held, conf.Handover)
 		}
@@ -382,7 +384,7 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 		// have passed, ConfirmOwned re-homes them at epoch+1.
 		a2, _ := r.Join(ctx, topo, "a")
 		var se *StaleEpochError
-		if err := r.Checkpoint(ctx, Token{topo, "0.0", "a", 1}, 1); !errors.As(err, &se) || se.Reason != StaleLease {
+		if err := r.Checkpoint(ctx, Token{Topology: topo, Unit: "0.0", Member: "a", Epoch: 1}, 1); !errors.As(err, &se) || se.Reason != StaleLease {
 			t.Fatalf("old incarnation's write: %v", err)
 		}
 		if _, err := r.Claim(ctx, b.MemberRef, 1, "0.0"); !errors.Is(err, ErrHeld) {
@@ -414,13 +416,38 @@ func TestConfirmOwnedReportsMovesAndRehomesAfterRejoin(t *testing.T) { // checks
 			t.Fatalf("repeat confirm %+v, first %+v", conf2.Held, conf.Held)
 		}
 		must(t, r.Checkpoint(ctx, conf.Held["0.0"], 5))
-		wantErr(t, "pre-rejoin token", r.CheckToken(ctx, Token{topo, "0.0", "a", 1}), ErrStaleEpoch)
+		wantErr(t, "pre-rejoin token", r.CheckToken(ctx, Token{Topology: topo, Unit: "0.0", Member: "a", Epoch: 1}), ErrStaleEpoch)
 		must(t, r.CheckToken(ctx, cb.Token))
 
 		// An expired member cannot confirm.
 		must(t, r.ShiftClock(ctx, topo, 2*time.Minute))
 		_, err = r.ConfirmOwned(ctx, a2.MemberRef, nil)
 		wantErr(t, "confirm after expiry", err, ErrLeaseExpired)
+	})
+}
+
+// Workers read the spec's naming and drain timeout from the registry, with
+// their lease and every snapshot, as they read the lease parameters.
+func TestWorkerSettingsTravelWithTheLeaseAndTheSnapshot(t *testing.T) {
+	forBackends(t, func(t *testing.T, r testRegistry) {
+		ctx := context.Background()
+		p := testParams
+		p.Worker = WorkerSettings{SubjectPrefix: "orders", ConsumerName: "sink", DrainTimeout: 42 * time.Second}
+		topo := newTopology(t, r, p, 1, 1)
+		l, err := r.Join(ctx, topo, "a")
+		must(t, err)
+		if l.Params != p {
+			t.Fatalf("lease params %+v, want %+v", l.Params, p)
+		}
+		p.Worker.DrainTimeout = time.Minute
+		must(t, r.EnsureTopology(ctx, topo, p))
+		s, err := r.Snapshot(ctx, topo)
+		must(t, err)
+		l, err = r.Renew(ctx, l.MemberRef)
+		must(t, err)
+		if s.Params != p || l.Params != p {
+			t.Fatalf("after a spec change: snapshot %+v, renewal %+v, want %+v", s.Params, l.Params, p)
+		}
 	})
 }
 
@@ -464,14 +491,16 @@ func TestSnapshotCarriesResetPermissionAndUnknownTopologiesFail(t *testing.T) {
 		wantErr(t, "renew", err, ErrUnknownTopology)
 		_, err = r.Claims(ctx, "ns/none")
 		wantErr(t, "claims", err, ErrUnknownTopology)
-		wantErr(t, "check token", r.CheckToken(ctx, Token{"ns/none", "0.0", "a", 1}), ErrUnknownTopology)
+		wantErr(t, "check token", r.CheckToken(ctx, Token{Topology: "ns/none", Unit: "0.0", Member: "a", Epoch: 1}), ErrUnknownTopology)
 		wantErr(t, "bad params", r.EnsureTopology(ctx, "ns/bad", Params{Grace: time.Second}), ErrInvalid)
 	})
 }
 
 func TestEpochFenceRefusesOlderEpochs(t *testing.T) { // checks P1
 	var f EpochFence
-	tok := func(member string, epoch int64) Token { return Token{"ns/t", "0.1", member, epoch} }
+	tok := func(member string, epoch int64) Token {
+		return Token{Topology: "ns/t", Unit: "0.1", Member: member, Epoch: epoch}
+	}
 	steps := []struct {
 		tok Token
 		ok  bool
@@ -484,7 +513,7 @@ func TestEpochFenceRefusesOlderEpochs(t *testing.T) { // checks P1
 			t.Fatalf("step %d: Admit(%v) = %v, want ok=%v", i, s.tok, err, s.ok)
 		}
 	}
-	if err := f.Admit(Token{"ns/t", "0.2", "a", 1}); err != nil {
+	if err := f.Admit(Token{Topology: "ns/t", Unit: "0.2", Member: "a", Epoch: 1}); err != nil {
 		t.Fatalf("another unit: %v", err)
 	}
 }

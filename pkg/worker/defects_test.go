@@ -9,6 +9,7 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
@@ -17,6 +18,12 @@ import (
 // defects found in review"), each named for the behaviour it pins, each
 // failing on the code before its fix. They run pkg/worker in the test
 // process so the fault lands exactly where the defect was.
+
+// roomyParams are lease parameters with room between a member's own
+// fence (at a quarter of the lease, with a wide fence margin) and the
+// registry seeing its lease expire, so a test can act in between on a
+// loaded machine.
+var roomyParams = poolctl.Params{LeaseTTL: 6 * time.Second, RenewInterval: time.Second, QueryBound: time.Second, Grace: 2 * time.Second}
 
 // slowHandler acks after d, or naks when its context ends first.
 func slowHandler(d time.Duration) worker.Handler {
@@ -111,7 +118,7 @@ func TestShutdownKeepsRenewingWhileItDrains(t *testing.T) {
 //
 // checks P5 (liveness), P3
 func TestALateFenceDoesNotLeaveTheMemberFenced(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, Params: roomyParams})
 	p := f.Opts.Params
 	// A wide fence margin: the member fences itself a quarter of the way
 	// into its lease, so its renewal after the fence still finds the lease
@@ -204,7 +211,7 @@ func TestDrainTimeoutNaksTheRestOfTheBatch(t *testing.T) {
 //
 // checks P5
 func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, AckWait: time.Minute})
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, AckWait: time.Minute, Params: roomyParams})
 	f.PublishCensus(natsops.DefaultFloor.String())
 	x := startSDK(t, f, "w-x", nil, nil)
 	waitHolding(t, x, 30*time.Second, "0.0", "0.1")
@@ -226,8 +233,7 @@ func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
 	// margin makes it fence itself well before the registry could see
 	// its lease expire, so the claims still commit once the gate opens.
 	gate := make(chan struct{})
-	a := startSDK(t, f, "w-0", nil, func(o *worker.Options) {
-		o.Registry.(*faultyRegistry).claimGate = gate
+	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) { r.claimGate = gate }, func(o *worker.Options) {
 		o.FenceMargin = p.LeaseTTL * 3 / 4
 	})
 	fleettest.Eventually(t, 10*time.Second, func() error {

@@ -135,9 +135,11 @@ func TestEpochChangeKeepsUnmovedUnitsDelivering(t *testing.T) {
 			continue
 		}
 		unmoved++
-		// Rows of a unit arrive every 80ms; a unit that stopped during
-		// the change would show a gap of the freeze's length or more.
-		if gap := d.MaxGap[u]; gap > 2*time.Second {
+		// Rows of a unit arrive every 80ms (160ms after the change). A
+		// unit that stopped for the change would show a gap of the whole
+		// change; the bound is loose because a loaded 2-core box stalls
+		// the publisher itself for a second or two.
+		if gap := d.MaxGap[u]; gap > 4*time.Second {
 			t.Errorf("unit %s kept its owner %s but had a delivery gap of %s", u, hs[0], gap)
 		}
 	}

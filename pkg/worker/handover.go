@@ -83,7 +83,7 @@ func (w *Worker) stopForHandover(u ownership.Unit) {
 	p := h.puller
 	h.puller = nil
 	w.mu.Unlock()
-	if p != nil && !p.drain(w.opts.DrainTimeout) {
+	if p != nil && !p.drain(w.drainTimeout()) {
 		w.log.Info("Drain timed out; unsettled rows nak'd for the next owner", "unit", u.String())
 	}
 	w.mu.Lock()
@@ -130,7 +130,7 @@ func (w *Worker) forEachBounded(units []ownership.Unit, f func(ownership.Unit)) 
 // is released anyway: it is in the retiring set, where another member
 // claims it to drain it.
 func (w *Worker) shutdown(stopLease func()) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*w.opts.DrainTimeout+10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*w.drainTimeout()+10*time.Second)
 	defer cancel()
 	if w.isFenced() {
 		// A fenced member must not touch its units; the registry lets
@@ -168,7 +168,7 @@ func (w *Worker) drainLeaving(ctx context.Context) {
 		return
 	}
 	ts := &tickState{snap: snap}
-	deadline := time.Now().Add(w.opts.DrainTimeout)
+	deadline := time.Now().Add(w.drainTimeout())
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		busy := false
 		for _, u := range w.heldUnits() {
@@ -196,4 +196,12 @@ func (w *Worker) heldUnits() []ownership.Unit {
 		out = append(out, u)
 	}
 	return out
+}
+
+// drainTimeout bounds a handover's wait for delivered rows: the registry's
+// setting, or the option's until it arrives.
+func (w *Worker) drainTimeout() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.drain
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
+	"github.com/shardkeeper/shardkeeper/pkg/worker/internal/registryhook"
 )
 
 // This file runs pkg/worker itself in the test process, against the
@@ -136,6 +137,13 @@ type sdkWorker struct {
 // ack every row) and the options tweak changes.
 func startSDK(t *testing.T, f *fleettest.Fleet, member string, handler worker.Handler, tweak func(*worker.Options)) *sdkWorker {
 	t.Helper()
+	return startArmedSDK(t, f, member, handler, nil, tweak)
+}
+
+// startArmedSDK is startSDK with faults armed (arm) before the worker
+// starts.
+func startArmedSDK(t *testing.T, f *fleettest.Fleet, member string, handler worker.Handler, arm func(*faultyRegistry), tweak func(*worker.Options)) *sdkWorker {
+	t.Helper()
 	ctx := context.Background()
 	pg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.DSN, MaxConns: 8, SkipMigrate: true})
 	if err != nil {
@@ -147,8 +155,12 @@ func startSDK(t *testing.T, f *fleettest.Fleet, member string, handler worker.Ha
 	}
 	s := &sdkWorker{reg: &faultyRegistry{Registry: pg}, hist: &history.Memory{}, metrics: prometheus.NewRegistry(),
 		done: make(chan error, 1), topology: f.Topology}
-	o := worker.Options{Topology: f.Topology, Member: member, Registry: s.reg, NATS: f.NATS.Connect(-1), Handler: handler,
+	o := worker.Options{Topology: f.Topology, Member: member, Registry: registryhook.Wrap(s.reg).(*worker.Registry),
+		NATS: f.NATS.Connect(-1), Handler: handler,
 		DrainTimeout: f.Opts.DrainTimeout, History: s.hist, Metrics: s.metrics, Logger: testr.New(t)}
+	if arm != nil {
+		arm(s.reg)
+	}
 	if tweak != nil {
 		tweak(&o)
 	}

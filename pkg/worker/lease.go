@@ -107,6 +107,11 @@ func (w *Worker) renew(ctx context.Context) error {
 		if w.localFence() {
 			return w.recover(ctx, false)
 		}
+		if w.waitingForEarlierIncarnation() {
+			if err := w.confirm(ctx); err != nil {
+				return err
+			}
+		}
 		w.reportActivity(ctx, ref)
 		return nil
 	case isLeaseLost(err):
@@ -142,6 +147,7 @@ func (w *Worker) setLease(l poolctl.Lease, sent time.Time) {
 	defer w.mu.Unlock()
 	if l.Params.QueryBound > 0 {
 		w.params = l.Params
+		w.applySettingsLocked(l.Params.Worker)
 	}
 	margin := w.opts.FenceMargin
 	if margin == 0 {
@@ -155,6 +161,22 @@ func (w *Worker) setLease(l poolctl.Lease, sent time.Time) {
 		w.watchdog = time.AfterFunc(time.Until(w.fenceAt), w.onWatchdog)
 	} else {
 		w.watchdog.Reset(time.Until(w.fenceAt))
+	}
+}
+
+// applySettingsLocked takes the spec's naming and drain timeout from the
+// registry; a value it does not carry keeps the option's. The naming is
+// immutable in the API, so it only changes from the option's default to
+// the spec's before the first puller starts. Callers hold w.mu.
+func (w *Worker) applySettingsLocked(s poolctl.WorkerSettings) {
+	if s.SubjectPrefix != "" {
+		w.layout.SubjectPrefix = s.SubjectPrefix
+	}
+	if s.ConsumerName != "" {
+		w.layout.ConsumerName = s.ConsumerName
+	}
+	if s.DrainTimeout > 0 {
+		w.drain = s.DrainTimeout
 	}
 }
 
@@ -271,6 +293,7 @@ func (w *Worker) recover(ctx context.Context, joined bool) error {
 	if err != nil {
 		return fmt.Errorf("confirm %d claims: %w", len(expected), err)
 	}
+	w.noteWaiting(conf.Waiting)
 	if !joined {
 		if err := w.reg.Fence(qctx, ref, gen); err != nil {
 			return fmt.Errorf("record fence: %w", err)
@@ -281,6 +304,42 @@ func (w *Worker) recover(ctx context.Context, joined bool) error {
 	}
 	w.adoptConfirmation(conf, gen, expected)
 	return nil
+}
+
+// confirm confirms the claims again, outside a fence: the units an
+// earlier incarnation of this member held come home once its lease and the
+// grace have passed (the same-name grace), and the tick then keeps or
+// hands them over like any other.
+func (w *Worker) confirm(ctx context.Context) error {
+	ref, _ := w.memberRef()
+	w.mu.Lock()
+	gen := w.fenceGen
+	w.mu.Unlock()
+	expected := w.expectedClaims()
+	qctx, cancel := w.queryCtx(ctx)
+	defer cancel()
+	conf, err := w.reg.ConfirmOwned(qctx, ref, expected)
+	if err != nil {
+		return fmt.Errorf("confirm %d claims: %w", len(expected), err)
+	}
+	w.noteWaiting(conf.Waiting)
+	w.adoptConfirmation(conf, gen, expected)
+	return nil
+}
+
+// noteWaiting records how many units still wait for the same-name grace.
+func (w *Worker) noteWaiting(units []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waiting = len(units)
+}
+
+// waitingForEarlierIncarnation reports whether units of an earlier
+// incarnation still wait to come home.
+func (w *Worker) waitingForEarlierIncarnation() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waiting > 0
 }
 
 func (w *Worker) expectedClaims() map[string]int64 {
@@ -294,11 +353,12 @@ func (w *Worker) expectedClaims() map[string]int64 {
 }
 
 // adoptConfirmation replaces the held set with what the registry confirmed
-// and resumes delivery under the confirmed tokens. A unit whose epoch moved
-// (re-homed from an earlier incarnation) is a takeover from that process:
-// its pin and unacked rows are lifted before the first pull. A unit with a
-// handover intent gets no puller; the next tick releases it. The fence
-// lifts only if no newer one began meanwhile (gen).
+// and resumes delivery under the confirmed tokens. A unit whose token did
+// not change keeps its running puller; one whose epoch moved (re-homed from
+// an earlier incarnation) is a takeover from that process: its pin and
+// unacked rows are lifted before the first pull. A unit with a handover
+// intent gets no puller; the next tick releases it. The fence lifts only
+// if no newer one began meanwhile (gen).
 func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expected map[string]int64) {
 	handover := map[string]bool{}
 	for _, u := range conf.Handover {
@@ -311,18 +371,32 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 		if err != nil {
 			continue
 		}
+		old := w.held[u]
+		switch {
+		case old != nil && old.token == t && !handover[name]:
+			held[u] = old // keeps its puller, if any, and its takeover flag
+			continue
+		case old != nil && old.token == t:
+			held[u] = &holding{token: t, under: old.under, releasing: true, puller: old.puller}
+			old.puller = nil
+			continue
+		}
 		h := &holding{token: t, releasing: handover[name]}
-		if old := w.held[u]; old != nil && old.token == t {
-			h.under, h.takeover = old.under, old.takeover
-		} else if exp, ok := expected[name]; !ok || exp != t.Epoch {
+		if exp, ok := expected[name]; !ok || exp != t.Epoch {
 			h.takeover, h.from = true, w.opts.Member+" (earlier incarnation)"
 		}
 		held[u] = h
 	}
-	stale := w.detachPullers()
+	var stale []*puller
+	for u, h := range w.held {
+		if h.puller != nil && held[u] != h {
+			stale = append(stale, h.puller)
+			h.puller = nil
+		}
+	}
 	w.held = held
 	lifted := w.fenceGen == gen
-	if lifted {
+	if lifted && w.fenced {
 		w.fenced = false
 		if !w.fencedSince.IsZero() {
 			w.metrics.fencedSeconds.Add(time.Since(w.fencedSince).Seconds())
@@ -333,6 +407,7 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 	for _, p := range stale {
 		p.stop()
 	}
+	w.stopHandedOver(held)
 	if !lifted {
 		return // fenced again meanwhile: the next renewal recovers
 	}
@@ -340,7 +415,25 @@ func (w *Worker) adoptConfirmation(conf poolctl.Confirmation, gen int64, expecte
 	for u := range held {
 		w.startDelivery(u)
 	}
-	w.log.Info("Claims confirmed", "held", len(conf.Held), "moved", len(conf.Moved), "handover", len(conf.Handover))
+	w.log.Info("Claims confirmed", "held", len(conf.Held), "moved", len(conf.Moved), "handover", len(conf.Handover),
+		"waiting", len(conf.Waiting))
+}
+
+// stopHandedOver stops the pullers of units the registry shows in
+// handover: the member gave them up while its old puller still ran.
+func (w *Worker) stopHandedOver(held map[ownership.Unit]*holding) {
+	var ps []*puller
+	w.mu.Lock()
+	for _, h := range held {
+		if h.releasing && h.puller != nil {
+			ps = append(ps, h.puller)
+			h.puller = nil
+		}
+	}
+	w.mu.Unlock()
+	for _, p := range ps {
+		p.stop()
+	}
 }
 
 // reportActivity tells the registry, for each unit with a puller, when it

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
-	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
 
@@ -22,12 +21,14 @@ type Options struct {
 	Topology string
 	// Member is this process's identity, normally its pod name.
 	Member string
-	// Registry is the ownership registry.
-	Registry poolctl.Registry
+	// Registry is the ownership registry (OpenRegistry).
+	Registry *Registry
 	// NATS is a connection to the cluster that holds the unit consumers.
 	NATS *nats.Conn
 	// SubjectPrefix and ConsumerName name streams and consumers as the
-	// ShardTopology's spec.nats does (defaults "shardkeeper", "ingest").
+	// ShardTopology's spec.nats does. The registry's values (the operator
+	// writes the spec's there) win; these are used only while it carries
+	// none (defaults "shardkeeper", "ingest").
 	SubjectPrefix, ConsumerName string
 	// Handler receives every row. It must return a Settlement.
 	Handler Handler
@@ -44,8 +45,9 @@ type Options struct {
 	// start sooner; longer means fewer requests on idle units.
 	FetchWait time.Duration
 	// DrainTimeout bounds how long a handover waits for delivered rows to
-	// settle; rows still unsettled then are nak'd for the next owner
-	// (default 30s).
+	// settle; rows still unsettled then are nak'd for the next owner. The
+	// registry's value (spec.rollout.drainTimeout) wins; this one is used
+	// only while it carries none (default 30s).
 	DrainTimeout time.Duration
 	// FenceMargin is subtracted from the lease to find the self-fence
 	// deadline (default: the registry's query bound). It covers the
@@ -129,8 +131,8 @@ func (o *Options) validate() error {
 	if o.Member == "" {
 		bad("Member", "must be set (normally the pod name)")
 	}
-	if o.Registry == nil {
-		bad("Registry", "must be set")
+	if o.Registry == nil || o.Registry.reg == nil {
+		bad("Registry", "must be set (OpenRegistry)")
 	}
 	if o.NATS == nil {
 		bad("NATS", "must be a connection")

@@ -14,7 +14,7 @@ import (
 
 func TestBadOptionsAreRefusedNamingTheOption(t *testing.T) {
 	good := func() Options {
-		return Options{Topology: "ns/t", Member: "w-0", Registry: poolctl.NewTwin(nil), NATS: &nats.Conn{},
+		return Options{Topology: "ns/t", Member: "w-0", Registry: &Registry{reg: poolctl.NewTwin(nil)}, NATS: &nats.Conn{},
 			Handler: func(context.Context, Row) Settlement { return Ack }}
 	}
 	tests := []struct {

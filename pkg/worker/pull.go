@@ -67,7 +67,7 @@ func (w *Worker) startDelivery(u ownership.Unit) {
 	}
 	ctx, cancel := context.WithCancel(w.runCtx)
 	p := &puller{
-		w: w, unit: u, token: h.token, ref: w.consumerRef(u),
+		w: w, unit: u, token: h.token, ref: w.consumerRefLocked(u),
 		incarnation: w.lease.Incarnation, under: h.under, takeover: h.takeover, from: h.from,
 		ctx: ctx, kill: cancel, stopFetch: make(chan struct{}), done: make(chan struct{}),
 	}

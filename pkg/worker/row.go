@@ -6,20 +6,19 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shardkeeper/shardkeeper/internal/ownership"
-	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/shard"
 )
 
 // Row is one message of a unit, handed to the Handler with the claim it was
 // delivered under.
 type Row struct {
 	// Unit the row belongs to.
-	Unit ownership.Unit
+	Unit shard.Unit
 	// Token is the claim at its fencing epoch. A sink in the registry's
-	// database makes its write conditional on it (poolctl.GuardSQL); a sink
-	// elsewhere checks it (poolctl.EpochFence), so a write from a member
-	// that lost the claim is refused.
-	Token poolctl.Token
+	// database makes its write conditional on it (GuardSQL); a sink
+	// elsewhere refuses tokens older than one it has admitted for the
+	// unit, so a write from a member that lost the claim is refused.
+	Token shard.Token
 	// Subject, Data and Headers are the message's.
 	Subject string
 	Data    []byte

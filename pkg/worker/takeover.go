@@ -98,5 +98,12 @@ func (w *Worker) stream(ctx context.Context, name string) (jetstream.Stream, err
 }
 
 func (w *Worker) consumerRef(u ownership.Unit) natsops.ConsumerRef {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.consumerRefLocked(u)
+}
+
+// consumerRefLocked is consumerRef for callers holding w.mu.
+func (w *Worker) consumerRefLocked(u ownership.Unit) natsops.ConsumerRef {
 	return w.layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard})
 }

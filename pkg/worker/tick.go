@@ -70,6 +70,7 @@ func (w *Worker) snapshot(ctx context.Context, ts *tickState) error {
 	ts.snap = s
 	w.mu.Lock()
 	w.params = s.Params
+	w.applySettingsLocked(s.Params.Worker)
 	w.reset, w.resetAt = s.Reset, time.Now()
 	w.mu.Unlock()
 	return nil

@@ -28,7 +28,6 @@ type Worker struct {
 	log     logr.Logger
 	reg     poolctl.Registry
 	js      jetstream.JetStream
-	layout  natsops.Layout
 	metrics *metrics
 
 	// runCtx outlives Run's context by the shutdown handover: pullers keep
@@ -42,7 +41,11 @@ type Worker struct {
 	// streams caches partition stream handles by name, for UNPIN.
 	streams sync.Map
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// layout names streams and consumers and drain bounds handovers: from
+	// the options until the registry's settings arrive with the lease.
+	layout  natsops.Layout
+	drain   time.Duration
 	lease   *poolctl.Lease
 	fenceAt time.Time // monotonic: stop delivering at this instant (P5)
 	// fenceDue is fenceAt as time since processStart: checking it takes
@@ -61,6 +64,9 @@ type Worker struct {
 	fencedSince time.Time
 	watchdog    *time.Timer
 	held        map[ownership.Unit]*holding
+	// waiting counts units an earlier incarnation of this member holds
+	// that wait for the same-name grace before they come home.
+	waiting int
 	// ackedPending is the pending epoch this incarnation acknowledged.
 	ackedPending int64
 	params       poolctl.Params
@@ -112,7 +118,8 @@ func New(o Options) (*Worker, error) {
 	return &Worker{
 		opts:      opts,
 		log:       opts.Logger.WithValues("member", opts.Member, "topology", opts.Topology),
-		reg:       opts.Registry,
+		reg:       opts.Registry.reg,
+		drain:     opts.DrainTimeout,
 		js:        js,
 		layout:    natsops.Layout{SubjectPrefix: opts.SubjectPrefix, ConsumerName: opts.ConsumerName},
 		metrics:   m,

@@ -9,4 +9,15 @@
 // side: they are judged from what the workers recorded doing (package
 // pkg/history), the registry's claim history and the sink's every write,
 // not from what the workers say they hold.
+//
+// What users install is what runs: the worker StatefulSet and the
+// ShardTopology come from config/samples (only image, env values and
+// timings adapted to the bed), and the operator runs as its own
+// ServiceAccount with a TokenRequest token, bound only by the rendered
+// config/rbac, so a permission the role lacks fails the scenario.
+// TestOperatorImageRunsTheRolloutUnderItsOwnRBAC builds the images with
+// `make docker-build` and runs the operator, and one worker pod, as Docker
+// containers (it fails when `docker info` does);
+// TestInstallManifestIsAcceptedByTheAPIServer has the API server validate
+// dist/install.yaml, config/namespaced and config/samples.
 package e2e

@@ -3,68 +3,140 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/operator"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
 )
 
 // sequenced runs the fleet under the operator: N and V change through
 // topology epochs without restarts, and the pod roll is the operator's.
-type sequenced struct{}
+// The operator runs as its own ServiceAccount, bound only by what config/rbac
+// grants: a verb the role lacks fails the scenario.
+type sequenced struct {
+	// startOperator starts the operator against w; nil runs it in this
+	// process (startOperatorInProcess).
+	startOperator func(w *world)
+}
 
 func (*sequenced) Name() string { return "sequenced" }
 
-func (*sequenced) Setup(w *world, topo ownership.Topology, replicas int32) {
-	w.createSecrets()
+func (s *sequenced) Setup(w *world, topo ownership.Topology, replicas int32) {
 	w.createStatefulSet(replicas, nil)
+	start := s.startOperator
+	if start == nil {
+		start = startOperatorInProcess
+	}
+	start(w)
+	if err := w.k.Create(context.Background(), sampleTopology(w, topo)); err != nil {
+		w.t.Fatal(err)
+	}
+	waitTopologyReady(w, topo)
+	w.waitPodsReady(replicas, time.Minute)
+}
+
+// startOperatorInProcess runs the operator's manager in this process,
+// watching the world's namespace (--watch-namespace), as the operator's
+// ServiceAccount under config/rbac.
+func startOperatorInProcess(w *world) {
+	cfg := w.operatorConfig()
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := operator.New(ctx, w.env.Config, operator.Options{MetricsAddr: "0", ProbeAddr: "0",
-		Cache:                        cache.Options{DefaultNamespaces: map[string]cache.Config{w.ns: {}}},
-		SkipControllerNameValidation: true})
+	mgr, err := operator.New(ctx, cfg, operator.Options{MetricsAddr: "0", ProbeAddr: "0",
+		WatchNamespaces: []string{w.ns}, SkipControllerNameValidation: true})
 	if err != nil {
+		cancel()
 		w.t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = mgr.Start(ctx) }()
 	w.t.Cleanup(func() { cancel(); <-done })
+}
 
-	p := fleettest.FastParams()
-	st := &topologyv1.ShardTopology{
-		ObjectMeta: metav1.ObjectMeta{Name: "ingest", Namespace: w.ns},
-		Spec: topologyv1.ShardTopologySpec{
-			Partitions: int32(topo.Partitions), ShardsPerPartition: int32(topo.Shards),
-			NATS: topologyv1.NATSSpec{
-				URLs:                       w.natsURLs(),
-				CredentialsSecretRef:       &topologyv1.SecretKeyRef{Name: "ingest-nats", Key: "app.creds"},
-				SystemCredentialsSecretRef: &topologyv1.SecretKeyRef{Name: "ingest-nats", Key: "sys.creds"},
-				Replicas:                   3,
-				AckWait:                    &metav1.Duration{Duration: w.fleet.Opts.AckWait},
-				PinnedTTL:                  &metav1.Duration{Duration: 30 * time.Second},
-			},
-			Registry: topologyv1.RegistrySpec{DSNSecretRef: topologyv1.SecretKeyRef{Name: "ingest-registry", Key: "dsn"}},
-			Workload: topologyv1.WorkloadSpec{StatefulSetName: "ingest"},
-			Rollout: topologyv1.RolloutSpec{
-				DrainTimeout:  &metav1.Duration{Duration: w.fleet.Opts.DrainTimeout},
-				LeaseTTL:      &metav1.Duration{Duration: p.LeaseTTL},
-				RenewInterval: &metav1.Duration{Duration: p.RenewInterval},
-			},
-		},
-	}
-	if err := w.k.Create(ctx, st); err != nil {
+// Where config/rbac puts the operator's identity.
+const (
+	operatorNamespace = "shardkeeper-system"
+	operatorSA        = "shardkeeper"
+)
+
+// operatorConfig applies config/rbac, rendered as users install it, and
+// returns a client config that authenticates with a token of the
+// operator's ServiceAccount and nothing else.
+func (w *world) operatorConfig() *rest.Config {
+	w.t.Helper()
+	root, err := testbed.RepoRoot()
+	if err != nil {
 		w.t.Fatal(err)
 	}
-	waitTopologyReady(w, topo)
-	w.waitPodsReady(replicas, time.Minute)
+	rbac, err := kubetest.Kustomize(filepath.Join(root, "config", "rbac"))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.ensureNamespace(operatorNamespace)
+	if err := w.env.Apply(rbac); err != nil {
+		w.t.Fatal(err)
+	}
+	return w.env.TokenConfig(w.token(operatorNamespace, operatorSA))
+}
+
+func (w *world) token(ns, sa string) string {
+	w.t.Helper()
+	tok, err := w.env.ServiceAccountToken(context.Background(), ns, sa, time.Hour)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return tok
+}
+
+func (w *world) ensureNamespace(name string) {
+	w.t.Helper()
+	err := w.k.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		w.t.Fatal(err)
+	}
+}
+
+// sampleTopology is config/samples' ShardTopology, adapted to the test bed
+// where it must be: the NATS URLs, the shape, and timings short enough for
+// a test (the fleet's drain and lease parameters, ack wait, pinned TTL).
+func sampleTopology(w *world, topo ownership.Topology) *topologyv1.ShardTopology {
+	w.t.Helper()
+	docs := sampleDocs(w.t, "topology_v1alpha1_shardtopology.yaml")
+	st := &topologyv1.ShardTopology{}
+	if len(docs) != 1 {
+		w.t.Fatalf("topology_v1alpha1_shardtopology.yaml holds %d documents, want 1", len(docs))
+	}
+	if err := yaml.UnmarshalStrict(docs[0], st); err != nil {
+		w.t.Fatalf("topology_v1alpha1_shardtopology.yaml: %v", err)
+	}
+	if st.Spec.Workload.StatefulSetName != "ingest" {
+		w.t.Fatalf("the samples disagree: the ShardTopology's workload is %q, the StatefulSet is ingest", st.Spec.Workload.StatefulSetName)
+	}
+	p := fleettest.FastParams()
+	st.Namespace = w.ns
+	st.Spec.Partitions, st.Spec.ShardsPerPartition = int32(topo.Partitions), int32(topo.Shards)
+	st.Spec.NATS.URLs = w.natsURLs()
+	st.Spec.NATS.AckWait = &metav1.Duration{Duration: w.fleet.Opts.AckWait}
+	st.Spec.NATS.PinnedTTL = &metav1.Duration{Duration: 30 * time.Second}
+	st.Spec.Rollout.DrainTimeout = &metav1.Duration{Duration: w.fleet.Opts.DrainTimeout}
+	st.Spec.Rollout.LeaseTTL = &metav1.Duration{Duration: p.LeaseTTL}
+	st.Spec.Rollout.RenewInterval = &metav1.Duration{Duration: p.RenewInterval}
+	return st
 }
 
 func (*sequenced) Change(w *world, topo ownership.Topology) {
@@ -86,9 +158,18 @@ func (*sequenced) RollPods(w *world) {
 	if err := w.k.Get(context.Background(), client.ObjectKey{Namespace: w.ns, Name: "ingest"}, st); err != nil {
 		w.t.Fatal(err)
 	}
-	// The operator sees the new revision and rolls; wait for it to
-	// report a roll, then for Ready with every pod updated.
-	w.waitPodsReady(*sts(w).Spec.Replicas, 5*time.Minute)
+	// The operator sees the new revision and rolls; wait for every pod
+	// to be updated and Ready, then for the topology's Ready. A refusal
+	// of the operator's ServiceAccount fails at once.
+	replicas := *sts(w).Spec.Replicas
+	fleettest.Eventually(w.t, 5*time.Minute, func() error {
+		now := &topologyv1.ShardTopology{}
+		if err := w.k.Get(context.Background(), client.ObjectKeyFromObject(st), now); err != nil {
+			return err
+		}
+		failOnForbidden(w, now)
+		return w.podsReady(replicas)
+	})
 	waitTopologyReady(w, ownership.Topology{Partitions: int(st.Spec.Partitions), Shards: int(st.Spec.ShardsPerPartition)})
 }
 
@@ -106,6 +187,7 @@ func waitTopologyReady(w *world, topo ownership.Topology) {
 			w.t.Logf("sequenced: %s", line)
 			last = line
 		}
+		failOnForbidden(w, st)
 		ready := meta.FindStatusCondition(st.Status.Conditions, topologyv1.ConditionReady)
 		a := st.Status.ActiveEpoch
 		switch {
@@ -118,6 +200,18 @@ func waitTopologyReady(w *world, topo ownership.Topology) {
 		}
 		return nil
 	})
+}
+
+// failOnForbidden fails the test at once when the topology's status says
+// the API server refused the operator: its ServiceAccount's role lacks a
+// permission, and waiting longer cannot help.
+func failOnForbidden(w *world, st *topologyv1.ShardTopology) {
+	for _, c := range st.Status.Conditions {
+		if strings.Contains(c.Message, "forbidden") {
+			w.t.Fatalf("the operator's ServiceAccount was refused (config/rbac lacks a permission the operator uses): %s=%s %s: %s",
+				c.Type, c.Status, c.Reason, c.Message)
+		}
+	}
 }
 
 // independent is the baseline: every worker places on its own with the N

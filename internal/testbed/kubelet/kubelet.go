@@ -3,7 +3,10 @@
 // process's /readyz endpoint, restarts a process that dies, and on deletion
 // sends SIGTERM, waits out the grace period, sends SIGKILL and removes the
 // pod. It lets end-to-end tests run real worker processes under a real
-// StatefulSet controller without a container runtime.
+// StatefulSet controller without a container runtime. Pods the caller
+// picks (Kubelet.Container) run instead as Docker containers of the
+// project's own images, on the host network, so a test can run the image a
+// user deploys.
 //
 // It owns process lifecycles and pod status; what the processes do is the
 // caller's business.
@@ -14,7 +17,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -45,8 +50,19 @@ type Kubelet struct {
 	// ProbeAddrEnv names the environment variable through which a process
 	// learns the address its /readyz endpoint must listen on.
 	ProbeAddrEnv string
-	// Env returns extra environment for a pod's process.
+	// Env returns extra environment for a pod's process ("NAME=value"); it
+	// comes after the container's own env, so it overrides it.
 	Env func(pod *corev1.Pod) []string
+	// Container, when set, picks the pods that run as Docker containers:
+	// it returns the local image to run for the pod (ok false: run the
+	// process from Images). The container runs the image's entrypoint with
+	// the container's args, on the host network (so loopback addresses in
+	// its environment and its probe address work as for a process), as the
+	// image's user, with the environment a process would get.
+	Container func(pod *corev1.Pod) (image string, ok bool)
+	// Mounts are host paths bind-mounted at the same path into every
+	// container, for files its environment names (a history directory).
+	Mounts []string
 	// Output, when set, returns the writer for a pod's process output. It
 	// must be safe for concurrent use.
 	Output func(pod string) io.Writer
@@ -56,13 +72,17 @@ type Kubelet struct {
 }
 
 type proc struct {
-	pod      string
-	uid      types.UID
-	addr     string
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	restarts int32
-	stopping bool
+	pod  string
+	uid  types.UID
+	addr string
+	// cmd is the process, or for a container the `docker run` client
+	// attached to it.
+	cmd *exec.Cmd
+	// container is the Docker container's name; empty for a process.
+	container string
+	exited    chan struct{}
+	restarts  int32
+	stopping  bool
 }
 
 // Run reconciles pods with processes until ctx ends, then kills every
@@ -122,7 +142,7 @@ func (k *Kubelet) syncPod(ctx context.Context, pod *corev1.Pod) error {
 	p := k.get(pod.UID)
 	if p == nil {
 		var err error
-		if p, err = k.start(pod); err != nil {
+		if p, err = k.start(ctx, pod); err != nil {
 			return err
 		}
 	}
@@ -130,7 +150,7 @@ func (k *Kubelet) syncPod(ctx context.Context, pod *corev1.Pod) error {
 	case <-p.exited:
 		// Restart policy Always, as a StatefulSet's pods have.
 		restarts := p.restarts + 1
-		np, err := k.start(pod)
+		np, err := k.start(ctx, pod)
 		if err != nil {
 			return err
 		}
@@ -149,54 +169,155 @@ func (k *Kubelet) bind(ctx context.Context, pod *corev1.Pod) error {
 	return k.Client.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{})
 }
 
-func (k *Kubelet) start(pod *corev1.Pod) (*proc, error) {
+func (k *Kubelet) start(ctx context.Context, pod *corev1.Pod) (*proc, error) {
 	if len(pod.Spec.Containers) != 1 {
 		return nil, fmt.Errorf("pod %s has %d containers; the test kubelet runs exactly one", pod.Name, len(pod.Spec.Containers))
 	}
 	c := pod.Spec.Containers[0]
+	image, inDocker := "", false
+	if k.Container != nil {
+		image, inDocker = k.Container(pod)
+	}
 	bin, ok := k.Images[c.Image]
-	if !ok {
+	if !ok && !inDocker {
 		return nil, fmt.Errorf("pod %s: no local binary for image %q", pod.Name, c.Image)
+	}
+	ownEnv, err := k.containerEnv(ctx, pod, &c)
+	if err != nil {
+		return nil, err
 	}
 	port, err := testbed.FreePort()
 	if err != nil {
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	cmd := exec.Command(bin, append(append([]string{}, c.Command...), c.Args...)...)
-	cmd.Env = append(containerEnv(pod, &c), "POD_NAME="+pod.Name, "POD_NAMESPACE="+pod.Namespace, k.ProbeAddrEnv+"="+addr)
+	env := append(ownEnv, "POD_NAME="+pod.Name, "POD_NAMESPACE="+pod.Namespace, k.ProbeAddrEnv+"="+addr)
 	if k.Env != nil {
-		cmd.Env = append(cmd.Env, k.Env(pod)...)
+		env = append(env, k.Env(pod)...)
+	}
+	p := &proc{pod: pod.Name, uid: pod.UID, addr: addr, exited: make(chan struct{})}
+	if inDocker {
+		p.container = fmt.Sprintf("shardkeeper-kubelet-%s-%d", pod.Name, time.Now().UnixNano())
+		p.cmd = dockerRun(p.container, image, &c, env, k.Mounts)
+	} else {
+		p.cmd = exec.Command(bin, append(append([]string{}, c.Command...), c.Args...)...)
+		p.cmd.Env = env
 	}
 	if k.Output != nil {
 		out := k.Output(pod.Name)
-		cmd.Stdout, cmd.Stderr = out, out
+		p.cmd.Stdout, p.cmd.Stderr = out, out
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s for pod %s: %w", bin, pod.Name, err)
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start pod %s: %w", pod.Name, err)
 	}
-	p := &proc{pod: pod.Name, uid: pod.UID, addr: addr, cmd: cmd, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.exited) }()
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
 	k.mu.Lock()
 	k.procs[pod.UID] = p
 	k.mu.Unlock()
 	return p, nil
 }
 
-// containerEnv resolves the container's literal values and the pod-name
-// field reference; other sources are not supported by this kubelet.
-func containerEnv(pod *corev1.Pod, c *corev1.Container) []string {
-	var env []string
-	for _, e := range c.Env {
-		switch {
-		case e.ValueFrom == nil:
-			env = append(env, e.Name+"="+e.Value)
-		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
-			env = append(env, e.Name+"="+pod.Name)
+// dockerRun is the `docker run` client of a pod's container. Environment
+// values reach the container through the client's own environment (`-e
+// NAME` copies NAME from it), so DSNs and passwords never appear in a
+// command line.
+func dockerRun(name, image string, c *corev1.Container, env, mounts []string) *exec.Cmd {
+	args := []string{"run", "--rm", "--name", name, "--network", "host", "--label", "shardkeeper.dev/testbed=kubelet"}
+	for _, m := range mounts {
+		args = append(args, "--volume", m+":"+m)
+	}
+	seen := map[string]bool{}
+	for _, e := range env {
+		k, _, _ := strings.Cut(e, "=")
+		if !seen[k] {
+			seen[k] = true
+			args = append(args, "--env", k)
 		}
 	}
-	return env
+	if len(c.Command) > 0 {
+		args = append(args, "--entrypoint", c.Command[0])
+	}
+	args = append(args, image)
+	if len(c.Command) > 1 {
+		args = append(args, c.Command[1:]...)
+	}
+	args = append(args, c.Args...)
+	cmd := exec.Command("docker", args...)
+	cmd.Env = append(os.Environ(), env...)
+	return cmd
+}
+
+// containerEnv resolves the container's env as a kubelet does: literal
+// values with $(VAR) references to variables defined before them, the pod's
+// name and namespace from the downward API, and keys of Secrets and
+// ConfigMaps, read from the API server.
+func (k *Kubelet) containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container) ([]string, error) {
+	var env []string
+	defined := map[string]string{}
+	for _, e := range c.Env {
+		var v string
+		switch f := e.ValueFrom; {
+		case f == nil:
+			v = expand(e.Value, defined)
+		case f.FieldRef != nil && f.FieldRef.FieldPath == "metadata.name":
+			v = pod.Name
+		case f.FieldRef != nil && f.FieldRef.FieldPath == "metadata.namespace":
+			v = pod.Namespace
+		case f.SecretKeyRef != nil:
+			s, err := k.Client.CoreV1().Secrets(pod.Namespace).Get(ctx, f.SecretKeyRef.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("pod %s: env %s: Secret %s: %w", pod.Name, e.Name, f.SecretKeyRef.Name, err)
+			}
+			b, ok := s.Data[f.SecretKeyRef.Key]
+			if !ok {
+				return nil, fmt.Errorf("pod %s: env %s: Secret %s has no key %s", pod.Name, e.Name, f.SecretKeyRef.Name, f.SecretKeyRef.Key)
+			}
+			v = string(b)
+		case f.ConfigMapKeyRef != nil:
+			cm, err := k.Client.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, f.ConfigMapKeyRef.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("pod %s: env %s: ConfigMap %s: %w", pod.Name, e.Name, f.ConfigMapKeyRef.Name, err)
+			}
+			v = cm.Data[f.ConfigMapKeyRef.Key]
+		default:
+			return nil, fmt.Errorf("pod %s: env %s: this test kubelet resolves values, $(VAR), metadata.name, metadata.namespace, secretKeyRef and configMapKeyRef only", pod.Name, e.Name)
+		}
+		defined[e.Name] = v
+		env = append(env, e.Name+"="+v)
+	}
+	return env, nil
+}
+
+// expand replaces $(NAME) with NAME's value when NAME is defined and keeps
+// the reference otherwise; $$ escapes a $, as in Kubernetes.
+func expand(s string, defined map[string]string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 >= len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+			continue
+		case '(':
+			if end := strings.IndexByte(s[i+2:], ')'); end >= 0 {
+				name := s[i+2 : i+2+end]
+				if v, ok := defined[name]; ok {
+					b.WriteString(v)
+				} else {
+					b.WriteString(s[i : i+3+end])
+				}
+				i += 2 + end
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 func ready(addr string) bool {
@@ -285,14 +406,35 @@ func (k *Kubelet) terminate(ctx context.Context, pod *corev1.Pod) error {
 }
 
 func stopProcess(p *proc, grace time.Duration) {
-	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a paused process cannot handle SIGTERM
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.signal(syscall.SIGCONT) // a paused process cannot handle SIGTERM
+	_ = p.signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:
 	case <-time.After(grace):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+		p.kill()
 	}
+}
+
+// signal sends sig to the process, or to the container's main process.
+// A container that is not created yet gets it through the client, which
+// forwards signals once the container runs.
+func (p *proc) signal(sig syscall.Signal) error {
+	if p.container != "" {
+		if err := exec.Command("docker", "kill", "--signal", fmt.Sprint(int(sig)), p.container).Run(); err == nil {
+			return nil
+		}
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// kill ends the process or removes the container at once, and waits until
+// it is gone.
+func (p *proc) kill() {
+	if p.container != "" {
+		_ = exec.Command("docker", "rm", "--force", p.container).Run()
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
 }
 
 // markStopping flags the pod's process as stopping and returns it, or nil
@@ -321,7 +463,7 @@ func (k *Kubelet) Signal(pod string, sig syscall.Signal) error {
 	defer k.mu.Unlock()
 	for _, p := range k.procs {
 		if p.pod == pod && !p.stopping {
-			return p.cmd.Process.Signal(sig)
+			return p.signal(sig)
 		}
 	}
 	return fmt.Errorf("no running process for pod %s", pod)
@@ -367,7 +509,6 @@ func (k *Kubelet) killAll() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, p := range k.procs {
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+		p.kill()
 	}
 }

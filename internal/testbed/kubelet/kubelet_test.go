@@ -142,3 +142,19 @@ func waitReadyReplicas(t *testing.T, cs kubernetes.Interface, n int32) {
 }
 
 var poll = testbed.Eventually
+
+func TestExpandFollowsKubernetesRules(t *testing.T) {
+	defined := map[string]string{"NS": "ingest", "NAME": "w"}
+	tests := []struct{ in, want string }{
+		{"$(NS)/$(NAME)", "ingest/w"},
+		{"$(UNDEFINED) stays", "$(UNDEFINED) stays"},
+		{"$$(NS) is escaped", "$(NS) is escaped"},
+		{"a lone $ and $(unclosed", "a lone $ and $(unclosed"},
+		{"trailing $", "trailing $"},
+	}
+	for _, tt := range tests {
+		if got := expand(tt.in, defined); got != tt.want {
+			t.Errorf("expand(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}

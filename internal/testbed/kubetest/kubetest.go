@@ -47,6 +47,8 @@ type Environment struct {
 	*envtest.Environment
 	// Config reaches the API server as an administrator.
 	Config *rest.Config
+
+	admin adminKubeconfig
 }
 
 // Start starts etcd and kube-apiserver and installs the CRDs under
