@@ -125,9 +125,18 @@ func (p *puller) run() {
 // It reports false when the claim was lost meanwhile.
 func (p *puller) prepare() bool {
 	w := p.w
+	// A handover that stops a puller still waiting for a slot need not
+	// wait for its UNPIN: the handover UNPINs anyway, and every later
+	// holder too. A takeover waits, so its RESET is not lost.
+	var handedOver <-chan struct{}
+	if !p.takeover {
+		handedOver = p.stopFetch
+	}
 	select {
 	case w.takeoverSlots() <- struct{}{}:
 	case <-p.ctx.Done():
+		return false
+	case <-handedOver:
 		return false
 	}
 	defer func() { <-w.takeoverSlots() }()
