@@ -239,7 +239,7 @@ func checkSecrets(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ct
 		sec := s.secrets[ref.name]
 		if sec == nil {
 			sec = &corev1.Secret{}
-			err := r.reader().Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
+			err := r.secretReader().Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
 			switch {
 			case apierrors.IsNotFound(err):
 				s.stall = &StallError{Reason: topologyv1.ReasonSecretNotFound, Field: ref.field,
