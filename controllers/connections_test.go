@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"

@@ -116,7 +116,11 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 
 	labels := map[string]string{"namespace": f.ns, "name": "ingest"}
 	metric := func(name string, want float64) error {
-		if got, ok := metricValue(t, name, labels); !ok || got != want {
+		l := labels
+		if state, ok := strings.CutPrefix(name, "shardkeeper_units:"); ok {
+			name, l = "shardkeeper_units", map[string]string{"namespace": f.ns, "name": "ingest", "state": state}
+		}
+		if got, ok := metricValue(t, name, l); !ok || got != want {
 			return fmt.Errorf("%s = %v (present %t), want %v", name, got, ok, want)
 		}
 		return nil
@@ -126,7 +130,7 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 		t.Fatalf("units %+v, want 2 owned and flowing", u)
 	}
 	eventually(t, 10*time.Second, func() error {
-		return errors.Join(metric("shardkeeper_units_stalled", 0), metric("shardkeeper_units_multiply_owned", 0))
+		return errors.Join(metric("shardkeeper_units:stalled", 0), metric("shardkeeper_units_multiply_owned", 0))
 	})
 
 	// a keeps its lease but stops reporting: its unit's report ages.
@@ -141,7 +145,7 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 	if !strings.Contains(c.Message, "0.0 (a: last activity report") || !strings.Contains(st.Status.Progress, "units 1/2 owned; 1 stalled") {
 		t.Fatalf("Ready message %q, progress %q: want 0.0 named and only flowing units counted as owned", c.Message, st.Status.Progress)
 	}
-	eventually(t, 10*time.Second, func() error { return metric("shardkeeper_units_stalled", 1) })
+	eventually(t, 10*time.Second, func() error { return metric("shardkeeper_units:stalled", 1) })
 	a.set(flowing("0.0", ta.Epoch, true))
 	f.waitReady(20 * time.Second)
 

@@ -1,10 +1,10 @@
 package controllers
 
 import (
-	"sync"
-	"time"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -13,20 +13,24 @@ import (
 
 // Metrics the operator exports on controller-runtime's registry (served
 // at the manager's /metrics). Every series carries the ShardTopology's
-// namespace and name and is deleted with the object.
+// namespace and name and is deleted with the object. The label scheme,
+// and why the monitors set honorLabels, is in README.md (Monitoring).
 //
-//	shardkeeper_units_owned{namespace,name}                 units of the active epoch with a valid claim
-//	shardkeeper_units_unowned{namespace,name}               units of the active epoch without one
+//	shardkeeper_units{namespace,name,state}                 units of the active epoch by state: flowing, stalled, unowned (they sum to N x V)
 //	shardkeeper_units_multiply_owned{namespace,name}        units two or more members pulled at once, from their activity reports (a bug if not 0)
-//	shardkeeper_units_stalled{namespace,name}               owned units that do not flow (activity report stale or missing, or rows pending and none received)
 //	shardkeeper_units_retiring{namespace,name}              units that left the topology whose consumers still exist
-//	shardkeeper_rollout_phase{namespace,name,phase}         1 for the current status.phase, 0 for the others
+//	shardkeeper_topology_phase{namespace,name,phase}        1 for the current status.phase, 0 for the others
+//	shardkeeper_topology_condition{namespace,name,type,status}  1 for each condition's current status (true, false, unknown), 0 for the others
+//	shardkeeper_topology_epoch{namespace,name,state}        number of the active and the target (pending) epoch
+//	shardkeeper_rollout_step_info{namespace,name,kind,step} 1 for the step the current rollout is at; absent when nothing rolls
+//	shardkeeper_rollout_units_moved{namespace,name}         moved units held by their new owner, of the current topology change
+//	shardkeeper_rollout_units_to_move{namespace,name}       units the current topology change moves or adds
 //	shardkeeper_rollout_pods_done{namespace,name}           pods of the current pod-by-pod roll that are done
 //	shardkeeper_rollout_pods_total{namespace,name}          pods the roll covers
-//	shardkeeper_topology_epoch{namespace,name,state}        number of the active and the target (pending) epoch
+//	shardkeeper_census_server_info{namespace,name,server,version,cluster,role}  1 per server the last census saw
 //	shardkeeper_census_min_version_info{namespace,name,version}  1, labelled with the lowest version the last census saw
 //	shardkeeper_census_servers_below_floor{namespace,name}  servers the last census counted below the floor (unknown included)
-//	shardkeeper_census_age_seconds{namespace,name}          age of the last census, computed at scrape time
+//	shardkeeper_census_timestamp_seconds{namespace,name}    when the last census was taken (Unix seconds); its age is time() minus this
 //	shardkeeper_reset_permission_allowed{namespace,name}    1 when the published verdict allows RESET-based takeover
 //	shardkeeper_takeover_reset_blocked{namespace,name,reason}     1 for the reason RESET is refused now, 0 for the others
 //	shardkeeper_reset_permission_denials_total{namespace,name,reason}  verdicts published that refused RESET, by reason
@@ -35,24 +39,40 @@ import (
 // by outcome); the operator reports only what it decided: whether the
 // workers may RESET, and why not.
 var (
-	unitsOwnedGauge         = topologyGauge("shardkeeper_units_owned", "Units of the active topology epoch with exactly one valid claim.")
-	unitsUnownedGauge       = topologyGauge("shardkeeper_units_unowned", "Units of the active topology epoch without a valid claim.")
+	unitsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shardkeeper_units",
+		Help: "Units of the active topology epoch by state: flowing (owned and pulled), stalled (owned but the owner's reports are stale, or rows wait and it received none within the stall bound), unowned (no valid claim). The states sum to N x V.",
+	}, []string{"namespace", "name", "state"})
 	unitsMultiplyOwnedGauge = topologyGauge("shardkeeper_units_multiply_owned", "Units pulled by two or more members at once, as their activity reports show (fresh reports of pulls within two renew intervals); anything but 0 is a bug.")
-	unitsStalledGauge       = topologyGauge("shardkeeper_units_stalled", "Owned units of the active epoch that do not flow: the owner's activity report is stale or missing, or rows wait in the unit's consumer and the owner received none within the stall bound.")
 	unitsRetiringGauge      = topologyGauge("shardkeeper_units_retiring", "Units that left the topology whose consumers are not retired yet (kept until drained).")
 	podsDoneGauge           = topologyGauge("shardkeeper_rollout_pods_done", "Pods of the current pod-by-pod roll that are done.")
 	podsTotalGauge          = topologyGauge("shardkeeper_rollout_pods_total", "Pods the current pod-by-pod roll covers.")
+	unitsMovedGauge         = topologyGauge("shardkeeper_rollout_units_moved", "Units the current topology change moved that are held by their new owner.")
+	unitsToMoveGauge        = topologyGauge("shardkeeper_rollout_units_to_move", "Units the current topology change moves or adds.")
 	censusBelowFloorGauge   = topologyGauge("shardkeeper_census_servers_below_floor", "Servers the last census counted below the version floor, unknown ones included.")
+	censusTimestampGauge    = topologyGauge("shardkeeper_census_timestamp_seconds", "When the last census of NATS server versions was taken (its first reply), in Unix seconds.")
 	resetAllowedGauge       = topologyGauge("shardkeeper_reset_permission_allowed", "1 when the RESET permission published for the workers allows RESET-based takeover.")
 
-	rolloutPhaseGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "shardkeeper_rollout_phase",
+	phaseGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shardkeeper_topology_phase",
 		Help: "1 for the ShardTopology's current phase, 0 for the others.",
 	}, []string{"namespace", "name", "phase"})
+	conditionGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shardkeeper_topology_condition",
+		Help: "1 for the current status (true, false, unknown) of each of the ShardTopology's conditions, 0 for the other two.",
+	}, []string{"namespace", "name", "type", "status"})
 	epochGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "shardkeeper_topology_epoch",
 		Help: "Number of the active and of the target (pending) topology epoch; the target is absent when nothing rolls.",
 	}, []string{"namespace", "name", "state"})
+	rolloutStepGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shardkeeper_rollout_step_info",
+		Help: "Always 1; kind and step say where the current rollout stands (status.rollout). Absent when nothing rolls.",
+	}, []string{"namespace", "name", "kind", "step"})
+	censusServerGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shardkeeper_census_server_info",
+		Help: "Always 1; one series per NATS server the last census saw, labelled with its version, cluster and role (status.census.servers).",
+	}, []string{"namespace", "name", "server", "version", "cluster", "role"})
 	censusMinVersionGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "shardkeeper_census_min_version_info",
 		Help: "Always 1; the version label is the lowest NATS server version the last census saw (unknown if any server that matters did not answer).",
@@ -65,8 +85,13 @@ var (
 		Name: "shardkeeper_reset_permission_denials_total",
 		Help: "RESET permissions published that refused RESET-based takeover, by reason.",
 	}, []string{"namespace", "name", "reason"})
+)
 
-	censusAge = &censusAgeCollector{takenAt: map[types.NamespacedName]time.Time{}}
+// Unit states, the values of shardkeeper_units' state label.
+const (
+	unitStateFlowing = "flowing"
+	unitStateStalled = "stalled"
+	unitStateUnowned = "unowned"
 )
 
 // Reasons RESET is refused, as metric labels.
@@ -80,17 +105,29 @@ const (
 var resetBlockedReasons = []string{resetBlockedNoSystemCredentials, resetBlockedCensusFailed, resetBlockedBelowFloor, resetBlockedConsumerNotCovered}
 
 var allPhases = []topologyv1.Phase{
-	topologyv1.PhasePending, topologyv1.PhaseProvisioning, topologyv1.PhaseRollingOut, topologyv1.PhaseReady,
-	topologyv1.PhasePaused, topologyv1.PhaseStalled, topologyv1.PhaseDeleting,
+	topologyv1.PhasePending, topologyv1.PhaseProvisioning, topologyv1.PhaseAwaitingApproval, topologyv1.PhaseRollingOut,
+	topologyv1.PhaseReady, topologyv1.PhasePaused, topologyv1.PhaseStalled, topologyv1.PhaseDeleting,
+}
+
+// gaugeVecs are every per-topology gauge, for forgetMetrics.
+var gaugeVecs = []*prometheus.GaugeVec{
+	unitsGauge, unitsMultiplyOwnedGauge, unitsRetiringGauge, podsDoneGauge, podsTotalGauge, unitsMovedGauge, unitsToMoveGauge,
+	censusBelowFloorGauge, censusTimestampGauge, resetAllowedGauge, phaseGauge, conditionGauge, epochGauge, rolloutStepGauge,
+	censusServerGauge, censusMinVersionGauge, resetBlockedGauge,
+}
+
+// Collectors returns every collector the operator registers, so a test can
+// check dashboards and alerts against the names it really exports.
+func Collectors() []prometheus.Collector {
+	cs := []prometheus.Collector{resetDenialsCounter}
+	for _, g := range gaugeVecs {
+		cs = append(cs, g)
+	}
+	return cs
 }
 
 func init() {
-	metrics.Registry.MustRegister(
-		unitsOwnedGauge, unitsUnownedGauge, unitsMultiplyOwnedGauge, unitsStalledGauge, unitsRetiringGauge,
-		podsDoneGauge, podsTotalGauge, censusBelowFloorGauge, resetAllowedGauge,
-		rolloutPhaseGauge, epochGauge, censusMinVersionGauge, resetBlockedGauge, resetDenialsCounter,
-		censusAge,
-	)
+	metrics.Registry.MustRegister(Collectors()...)
 }
 
 func topologyGauge(name, help string) *prometheus.GaugeVec {
@@ -101,26 +138,36 @@ func topologyGauge(name, help string) *prometheus.GaugeVec {
 // written, so metrics and status always tell the same story.
 func recordStatusMetrics(key types.NamespacedName, st *topologyv1.ShardTopologyStatus) {
 	ns, name := key.Namespace, key.Name
+	topo := prometheus.Labels{"namespace": ns, "name": name}
 	for _, p := range allPhases {
-		v := 0.0
-		if st.Phase == p {
-			v = 1
+		phaseGauge.WithLabelValues(ns, name, string(p)).Set(boolValue(st.Phase == p))
+	}
+	for _, c := range st.Conditions {
+		for _, s := range []metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown} {
+			conditionGauge.WithLabelValues(ns, name, c.Type, strings.ToLower(string(s))).Set(boolValue(c.Status == s))
 		}
-		rolloutPhaseGauge.WithLabelValues(ns, name, string(p)).Set(v)
 	}
 	if u := st.Units; u != nil {
-		unitsOwnedGauge.WithLabelValues(ns, name).Set(float64(u.Owned))
-		unitsUnownedGauge.WithLabelValues(ns, name).Set(float64(u.Unowned))
+		unitsGauge.WithLabelValues(ns, name, unitStateFlowing).Set(float64(u.Owned - u.Stalled))
+		unitsGauge.WithLabelValues(ns, name, unitStateStalled).Set(float64(u.Stalled))
+		unitsGauge.WithLabelValues(ns, name, unitStateUnowned).Set(float64(u.Unowned))
 		unitsMultiplyOwnedGauge.WithLabelValues(ns, name).Set(float64(u.MultiplyOwned))
-		unitsStalledGauge.WithLabelValues(ns, name).Set(float64(u.Stalled))
 		unitsRetiringGauge.WithLabelValues(ns, name).Set(float64(u.Retiring))
 	}
-	var done, total int32
-	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindPods {
-		done, total = r.PodsDone, r.PodsTotal
+	var done, total, moved, toMove int32
+	rolloutStepGauge.DeletePartialMatch(topo)
+	if r := st.Rollout; r != nil {
+		rolloutStepGauge.WithLabelValues(ns, name, r.Kind, r.Step).Set(1)
+		if r.Kind == topologyv1.RolloutKindPods {
+			done, total = r.PodsDone, r.PodsTotal
+		} else {
+			moved, toMove = r.UnitsMoved, r.UnitsToMove
+		}
 	}
 	podsDoneGauge.WithLabelValues(ns, name).Set(float64(done))
 	podsTotalGauge.WithLabelValues(ns, name).Set(float64(total))
+	unitsMovedGauge.WithLabelValues(ns, name).Set(float64(moved))
+	unitsToMoveGauge.WithLabelValues(ns, name).Set(float64(toMove))
 	if st.ActiveEpoch != nil {
 		epochGauge.WithLabelValues(ns, name, "active").Set(float64(st.ActiveEpoch.Number))
 	}
@@ -130,13 +177,24 @@ func recordStatusMetrics(key types.NamespacedName, st *topologyv1.ShardTopologyS
 		epochGauge.DeleteLabelValues(ns, name, "target")
 	}
 	if c := st.Census; c != nil && c.MinVersion != "" {
-		censusMinVersionGauge.DeletePartialMatch(prometheus.Labels{"namespace": ns, "name": name})
+		censusMinVersionGauge.DeletePartialMatch(topo)
 		censusMinVersionGauge.WithLabelValues(ns, name, c.MinVersion).Set(1)
+		censusServerGauge.DeletePartialMatch(topo)
+		for _, s := range c.Servers {
+			censusServerGauge.WithLabelValues(ns, name, s.Name, s.Version, s.Cluster, s.Role).Set(1)
+		}
 		censusBelowFloorGauge.WithLabelValues(ns, name).Set(float64(len(c.BelowFloor)))
 		if c.ObservedAt != nil {
-			censusAge.set(key, c.ObservedAt.Time)
+			censusTimestampGauge.WithLabelValues(ns, name).Set(float64(c.ObservedAt.Unix()))
 		}
 	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // recordResetVerdict sets the RESET-permission series after a verdict was
@@ -162,45 +220,8 @@ func recordResetVerdict(key types.NamespacedName, blockedBy string) {
 // forgetMetrics deletes every series of a topology that is gone.
 func forgetMetrics(key types.NamespacedName) {
 	labels := prometheus.Labels{"namespace": key.Namespace, "name": key.Name}
-	for _, v := range []*prometheus.GaugeVec{
-		unitsOwnedGauge, unitsUnownedGauge, unitsMultiplyOwnedGauge, unitsStalledGauge, unitsRetiringGauge, podsDoneGauge, podsTotalGauge,
-		censusBelowFloorGauge, resetAllowedGauge, rolloutPhaseGauge, epochGauge, censusMinVersionGauge, resetBlockedGauge,
-	} {
+	for _, v := range gaugeVecs {
 		v.DeletePartialMatch(labels)
 	}
 	resetDenialsCounter.DeletePartialMatch(labels)
-	censusAge.forget(key)
-}
-
-// censusAgeCollector exports each topology's census age as of the scrape,
-// so the series does not freeze between reconciles.
-type censusAgeCollector struct {
-	mu      sync.Mutex
-	takenAt map[types.NamespacedName]time.Time
-}
-
-var censusAgeDesc = prometheus.NewDesc("shardkeeper_census_age_seconds",
-	"Seconds since the last census of NATS server versions was taken, as of the scrape.", []string{"namespace", "name"}, nil)
-
-func (c *censusAgeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- censusAgeDesc }
-
-func (c *censusAgeCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := time.Now()
-	for k, t := range c.takenAt {
-		ch <- prometheus.MustNewConstMetric(censusAgeDesc, prometheus.GaugeValue, now.Sub(t).Seconds(), k.Namespace, k.Name)
-	}
-}
-
-func (c *censusAgeCollector) set(key types.NamespacedName, t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.takenAt[key] = t
-}
-
-func (c *censusAgeCollector) forget(key types.NamespacedName) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.takenAt, key)
 }

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
@@ -228,6 +229,19 @@ func serversWithVersions(c *natsops.Census, n int) string {
 		return "a server whose version is unknown"
 	}
 	return firstN(out, n)
+}
+
+// censusServers lists every server of the census for status, at most
+// the API's 256.
+func censusServers(c *natsops.Census) []topologyv1.CensusServer {
+	var out []topologyv1.CensusServer
+	for _, s := range c.Servers {
+		if len(out) == 256 {
+			break
+		}
+		out = append(out, topologyv1.CensusServer{Name: s.Name, Version: s.Version, Cluster: s.Cluster, Role: string(s.Role), BelowFloor: s.BelowFloor})
+	}
+	return out
 }
 
 func countedServers(c *natsops.Census) int {

@@ -82,7 +82,10 @@ type ShardTopologyReconciler struct {
 // Reconcile loads one ShardTopology, ensures its finalizer, runs the steps
 // in order and patches its status once, at the end, whatever happened.
 func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
-	logger := log.FromContext(ctx)
+	// topology is the key the workers log under too (the registry key,
+	// namespace/name), so one query follows a topology through both.
+	logger := log.FromContext(ctx).WithValues("topology", req.Namespace+"/"+req.Name)
+	ctx = log.IntoContext(ctx, logger)
 
 	topo := &topologyv1.ShardTopology{}
 	if err := r.Client.Get(ctx, req.NamespacedName, topo); err != nil {

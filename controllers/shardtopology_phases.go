@@ -73,8 +73,11 @@ type scope struct {
 	// changed: a step wrote the registry, so it is read again for status.
 	changed bool
 
-	census      *censusReport
-	change      changeReport
+	census *censusReport
+	change changeReport
+	// plan is the change's plan as status.plan shows it; nil when no
+	// change is wanted this reconcile.
+	plan        *topologyv1.PlanStatus
 	rollWorld   *rollWorld
 	roll        rollReport
 	provisioned *topologyv1.TopologyShape
@@ -111,6 +114,7 @@ func (s *scope) observation(err error) observation {
 		paused:      s.topo.IsPaused(),
 		census:      s.census,
 		change:      s.change,
+		plan:        s.plan,
 		roll:        s.roll,
 		provisioned: s.provisioned,
 		spec:        s.topo.Spec.Shape(),

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -79,6 +80,8 @@ type rollReport struct {
 	held bool
 	// inFlight are the pods between hand-over request and rejoin.
 	inFlight []topologyv1.PodRollStatus
+	// revision is the StatefulSet's update revision, the roll's target.
+	revision string
 }
 
 func (r rollReport) inFlightNames() []string {
@@ -114,6 +117,7 @@ func observePods(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctr
 		return ctrl.Result{}, err
 	}
 	s.rollWorld = w
+	s.roll.revision = w.updateRevision
 	s.roll.active = len(s.roll.inFlight) > 0 || len(w.outdated(s.roll.inFlight)) > 0
 	return ctrl.Result{}, nil
 }
@@ -276,6 +280,7 @@ func (r *ShardTopologyReconciler) startPods(ctx context.Context, s *scope) (stri
 			}
 			s.changed = true
 		}
+		log.FromContext(ctx).Info("Pod asked to hand over", "member", p.name, "holds", e.Holds, "revision", p.revision, "updateRevision", w.updateRevision)
 		r.event(s, eventNormal, "PodHandoverRequested", "HandOver",
 			"pod %s (revision %s, update revision %s) asked to hand over its units before it is restarted", p.name, p.revision, w.updateRevision)
 		s.roll.inFlight = append(s.roll.inFlight, e)

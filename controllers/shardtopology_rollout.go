@@ -33,8 +33,12 @@ type changeState string
 const (
 	// stateUnprovisioned: the registry has no epoch at all.
 	stateUnprovisioned changeState = "Unprovisioned"
-	// stateChangeWanted: the active epoch differs from the spec and
-	// nothing is pending.
+	// stateProposed: the active epoch differs from the spec, nothing is
+	// pending, approval is Manual and the approve annotation does not
+	// carry the plan's hash.
+	stateProposed changeState = "Proposed"
+	// stateChangeWanted: the active epoch differs from the spec, nothing
+	// is pending, and the change may start (approved, or Automatic).
 	stateChangeWanted changeState = "ChangeWanted"
 	// stateFreezing: the spec's epoch is pending; members acknowledge it.
 	stateFreezing changeState = "Freezing"
@@ -68,6 +72,13 @@ type changeWorld struct {
 	wasRolling bool
 	// podsInFlight names pods a pod roll has started and not finished.
 	podsInFlight []string
+	// manual: spec.rollout.approval is Manual.
+	manual bool
+	// plan is the change from the active epoch to the target, computed
+	// when one is wanted and nothing is pending; approval is what the
+	// approve annotation says about it.
+	plan     *ownership.Plan
+	approval approval
 }
 
 // state derives the change state from the world.
@@ -79,6 +90,8 @@ func (w *changeWorld) state() changeState {
 		return stateFreezing
 	case w.active == nil:
 		return stateUnprovisioned
+	case epochTopology(w.active) != w.target && w.manualUnapproved():
+		return stateProposed
 	case epochTopology(w.active) != w.target:
 		return stateChangeWanted
 	case len(w.retire) > 0 && !w.allOwned:
@@ -132,6 +145,7 @@ var (
 	isAborted   = func(w *changeWorld) bool { return w.abort }
 	notAllAcked = func(w *changeWorld) bool { return len(w.missingAcks()) > 0 }
 	podsRolling = func(w *changeWorld) bool { return len(w.podsInFlight) > 0 }
+	staleOK     = func(w *changeWorld) bool { return w.approval == approvalStale }
 )
 
 // changeRules is the topology change as data; the first row whose state
@@ -147,6 +161,9 @@ var (
 //	Freezing       a live member has not acked        wait (1s)        Freeze
 //	Freezing       -                                  activate, move   Activate -> Claim
 //	                                                  the transform
+//	Proposed       abort annotation                   hold (stalled)   Abort
+//	Proposed       approval names another plan        refuse, wait     Approve
+//	Proposed       -                                  publish, wait    Approve
 //	ChangeWanted   abort annotation                   hold (stalled)   Abort
 //	ChangeWanted   a pod roll is in flight            wait (1s)        Provision
 //	ChangeWanted   paused                             hold             Provision
@@ -156,6 +173,9 @@ var (
 //	Retiring       -                                  retire drained   Retire
 //	Steady         -                                  keep provisioned -
 //
+// Proposed exists only under spec.rollout.approval: Manual; its rows
+// change nothing in the world (shardtopology_plan.go). Claiming reports
+// HandOver while a moved unit is still held by its old owner.
 // Claiming, Retiring and Steady keep the active shape provisioned (with
 // its subject transform on its own V) before anything else. After the
 // table, publishRetiring writes the retiring set when it changed.
@@ -167,6 +187,9 @@ var changeRules = []changeRule{
 	{stateFreezing, "paused", isPaused, actHold(topologyv1.StepActivate)},
 	{stateFreezing, "a live member has not acknowledged the freeze", notAllAcked, actWaitForAcks},
 	{stateFreezing, "", always, actActivate},
+	{stateProposed, "abort annotation set", isAborted, actHoldAborted},
+	{stateProposed, "the approve annotation names another plan", staleOK, actRefuseApproval},
+	{stateProposed, "", always, actPropose},
 	{stateChangeWanted, "abort annotation set", isAborted, actHoldAborted},
 	{stateChangeWanted, "a pod roll is in flight", podsRolling, actWaitForPods},
 	{stateChangeWanted, "paused", isPaused, actHold(topologyv1.StepProvision)},
@@ -204,6 +227,9 @@ type changeReport struct {
 	aborted bool
 	// unitsToMove is set when a new epoch was written as pending.
 	unitsToMove int32
+	// awaiting: the plan waits for approval; refused: the approve
+	// annotation names another plan.
+	awaiting, refused bool
 }
 
 // rollOutTopology runs the row of changeRules that applies now.
@@ -211,6 +237,7 @@ func rollOutTopology(ctx context.Context, r *ShardTopologyReconciler, s *scope) 
 	w := s.changeWorld()
 	rule := decide(w)
 	s.change = changeReport{state: rule.state, step: rule.action.step, inProgress: rule.state != stateSteady}
+	s.publishPlan(w)
 	log.FromContext(ctx).V(1).Info("Topology change rule", "state", string(rule.state), "guard", rule.guard, "action", rule.action.name)
 	return rule.action.run(ctx, r, s, w)
 }
@@ -227,10 +254,16 @@ func (s *scope) changeWorld() *changeWorld {
 		wasRolling: wasChangingTopology(&s.topo.Status),
 	}
 	w.podsInFlight = s.roll.inFlightNames()
+	w.manual = s.topo.Spec.Rollout.Approval == topologyv1.ApprovalManual
 	if w.active != nil {
 		total, owned := unitCounts(s.snap, s.claims)
 		w.allOwned = total == owned
 		w.retire = s.unitsToRetire(epochTopology(w.active))
+	}
+	if w.active != nil && w.pending == nil && epochTopology(w.active) != w.target {
+		p := changePlan(w, s.claims)
+		w.plan = &p
+		w.approval = approvalOf(s.topo, planHash(p))
 	}
 	return w
 }
@@ -336,7 +369,12 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 	s.changed = true
 	s.change.step = topologyv1.StepFreeze
 	s.change.unitsToMove = int32(unitsToMove(w, s.claims))
+	if w.manual && s.plan != nil {
+		r.event(s, eventNormal, "PlanApproved", "Approve", "plan %s approved by annotation %s; epoch %d (%s) written as pending",
+			s.plan.Hash, topologyv1.ApproveAnnotation, epoch, w.target)
+	}
 	s.change.message = fmt.Sprintf("epoch %d (%s) pending: waiting for %d live members to acknowledge the freeze", epoch, w.target, len(w.live))
+	log.FromContext(ctx).Info("Epoch pending", "epoch", epoch, "shape", w.target.String(), "liveMembers", len(w.live))
 	r.event(s, eventNormal, "EpochPending", "Freeze",
 		"epoch %d (%s) written as pending after provisioning its consumers; %d live members must acknowledge the freeze", epoch, w.target, len(w.live))
 	return ctrl.Result{RequeueAfter: pollFast}, nil
@@ -455,6 +493,7 @@ func activate(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *chan
 	}
 	s.change.step = topologyv1.StepClaim
 	s.change.message = fmt.Sprintf("epoch %d (%s) active: waiting for every unit to be claimed", w.pending.Number, epochTopology(w.pending))
+	log.FromContext(ctx).Info("Epoch activated", "epoch", w.pending.Number, "shape", epochTopology(w.pending).String())
 	r.event(s, eventNormal, "EpochActivated", "Activate", "epoch %d (%s) is active; every live member acknowledged the freeze",
 		w.pending.Number, epochTopology(w.pending))
 	return ctrl.Result{RequeueAfter: pollFast}, nil
@@ -517,6 +556,10 @@ var actWaitForClaims = changeAction{name: "WaitForClaims", step: topologyv1.Step
 	}
 	total, owned := unitCounts(s.snap, s.claims)
 	s.change.message = fmt.Sprintf("epoch %d (%s) active: %d/%d units owned", w.active.Number, epochTopology(w.active), owned, total)
+	if n := unitsHandingOver(s.snap, s.claims); n > 0 {
+		s.change.step = topologyv1.StepHandOver
+		s.change.message += fmt.Sprintf("; %d units still held by their old owner, handing over", n)
+	}
 	if len(w.live) == 0 {
 		s.change.message += "; no live worker"
 	}
@@ -525,6 +568,20 @@ var actWaitForClaims = changeAction{name: "WaitForClaims", step: topologyv1.Step
 	}
 	return ctrl.Result{RequeueAfter: pollFast}, nil
 }}
+
+// unitsHandingOver counts the active epoch's units held by a live member
+// other than the one placement gives them: their old owner has not
+// released them yet (the HandOver step of the plan).
+func unitsHandingOver(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo) int {
+	owners := ownedBy(snap, claims)
+	n := 0
+	for u, want := range placementOwners(epochTopology(snap.Active), snap.LiveMembers(), nil) {
+		if have := owners[u]; have != "" && have != want {
+			n++
+		}
+	}
+	return n
+}
 
 var actRetireUnits = changeAction{name: "RetireUnits", step: topologyv1.StepRetire, run: retireUnits}
 

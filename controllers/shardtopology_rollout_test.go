@@ -1,8 +1,10 @@
 package controllers
 
 import (
+	"slices"
 	"testing"
 
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
@@ -10,7 +12,7 @@ import (
 // TestEveryChangeStateEndsWithAnUnguardedRule keeps the table total: in
 // every state some row applies, whatever the guards say.
 func TestEveryChangeStateEndsWithAnUnguardedRule(t *testing.T) {
-	states := []changeState{stateUnprovisioned, stateChangeWanted, stateFreezing, stateStalePending, stateClaiming, stateRetiring, stateSteady}
+	states := []changeState{stateUnprovisioned, stateProposed, stateChangeWanted, stateFreezing, stateStalePending, stateClaiming, stateRetiring, stateSteady}
 	for _, st := range states {
 		var last *changeRule
 		for i := range changeRules {
@@ -57,6 +59,15 @@ func TestDecideTopologyChange(t *testing.T) {
 		{"spec differs while a pod is in flight: wait for it", changeWorld{target: to, active: active, podsInFlight: []string{"w-2"}}, stateChangeWanted, "WaitForPods"},
 		{"spec differs and abort is set: hold the active epoch", changeWorld{target: to, active: active, abort: true}, stateChangeWanted, "HoldAborted"},
 		{"spec differs and paused: hold", changeWorld{target: to, active: active, paused: true}, stateChangeWanted, "Hold"},
+		{"manual approval, no annotation: publish the plan and wait", changeWorld{target: to, active: active, live: live, manual: true}, stateProposed, "Propose"},
+		{"manual approval naming another plan: refuse and wait", changeWorld{target: to, active: active, live: live, manual: true, approval: approvalStale},
+			stateProposed, "RefuseApproval"},
+		{"manual approval, abort set: hold the active epoch", changeWorld{target: to, active: active, manual: true, approval: approvalStale, abort: true},
+			stateProposed, "HoldAborted"},
+		{"manual approval of the current plan: start the change", changeWorld{target: to, active: active, live: live, manual: true, approval: approvalGranted},
+			stateChangeWanted, "StartEpoch"},
+		{"manual approval while paused: the plan is proposed anyway, nothing moves", changeWorld{target: to, active: active, manual: true, paused: true},
+			stateProposed, "Propose"},
 		{"new epoch active, units left to retire, not all owned: wait for claims", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive), retire: removed},
 			stateClaiming, "WaitForClaims"},
 		{"every unit owned and units left: retire them", changeWorld{target: to, active: epoch(2, 2, 8, poolctl.EpochActive), retire: removed, allOwned: true},
@@ -75,6 +86,62 @@ func TestDecideTopologyChange(t *testing.T) {
 				t.Fatalf("decided %s/%s (guard %q), want %s/%s", rule.state, rule.action.name, rule.guard, tt.state, tt.action)
 			}
 		})
+	}
+}
+
+// A plan's steps are the API's: ownership spells them out (the worker SDK
+// imports it and must not import Kubernetes), so they are checked here.
+func TestPlanStepsAreTheAPIs(t *testing.T) {
+	for plan, api := range map[ownership.StepName]string{
+		ownership.StepFreeze: topologyv1.StepFreeze, ownership.StepActivate: topologyv1.StepActivate,
+		ownership.StepHandOver: topologyv1.StepHandOver, ownership.StepClaim: topologyv1.StepClaim, ownership.StepRetire: topologyv1.StepRetire,
+	} {
+		if string(plan) != api {
+			t.Errorf("ownership step %q, API step %q", plan, api)
+		}
+	}
+	p, err := ownership.PlanChange(ownership.ChangeInput{Epoch: 1, From: ownership.Topology{Partitions: 1, Shards: 2}, To: ownership.Topology{Partitions: 1, Shards: 4},
+		Members: []ownership.Member{{Name: "a", Slot: 0}}, Claims: ownership.Claims{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range p.Steps {
+		if !slices.Contains(topologyv1.TopologySteps, string(st.Name)) {
+			t.Errorf("plan step %s is not one of the API's %v", st.Name, topologyv1.TopologySteps)
+		}
+	}
+}
+
+// The hash names everything that decides a plan: the same world gives the
+// same hash, and a member's claim moving gives another.
+func TestPlanHashChangesWithThePlan(t *testing.T) {
+	live := []poolctl.Member{{Name: "a", Live: true, Slot: 0}, {Name: "b", Live: true, Slot: 1}}
+	from := ownership.Topology{Partitions: 1, Shards: 4}
+	claims := map[string]poolctl.ClaimInfo{}
+	for u, owner := range placementOwners(from, live, nil) {
+		claims[u] = poolctl.ClaimInfo{Unit: u, Owner: owner, State: poolctl.StateHeld}
+	}
+	w := &changeWorld{target: ownership.Topology{Partitions: 1, Shards: 8}, active: &poolctl.Epoch{Number: 1, Partitions: 1, Shards: 4}, live: live}
+	h1, h2 := planHash(changePlan(w, claims)), planHash(changePlan(w, claims))
+	if h1 != h2 || len(h1) != planHashLen {
+		t.Fatalf("hashes %q and %q of one world", h1, h2)
+	}
+	w3 := *w
+	w3.live = live[:1]
+	if h3 := planHash(changePlan(&w3, claims)); h3 == h1 {
+		t.Fatalf("a member leaving kept the hash %s", h1)
+	}
+	w4 := *w
+	w4.target.Shards = 16
+	if h4 := planHash(changePlan(&w4, claims)); h4 == h1 {
+		t.Fatalf("another target kept the hash %s", h1)
+	}
+	ps := planStatus(changePlan(w, claims), w.active, &topologyv1.RolloutSpec{})
+	if ps.UnitsAdded != 4 || ps.UnitsRemoved != 0 || ps.UnitsMoved+ps.UnitsKept != 4 || len(ps.Pods) != 2 || ps.EstimatedDuration == nil {
+		t.Fatalf("plan status %+v", ps)
+	}
+	if want := 2*topologyv1.DefaultRenewInterval + pollFast; ps.UnitsMoved == 0 && ps.EstimatedDuration.Duration != want {
+		t.Fatalf("estimate %s without moves, want %s", ps.EstimatedDuration.Duration, want)
 	}
 }
 

@@ -31,7 +31,9 @@ type observation struct {
 	// census is the census taken this reconcile; nil when none was due.
 	census *censusReport
 	change changeReport
-	roll   rollReport
+	// plan is the plan of a wanted change, computed this reconcile.
+	plan *topologyv1.PlanStatus
+	roll rollReport
 	// provisioned is the envelope of consumers provisioned and not retired.
 	provisioned *topologyv1.TopologyShape
 	// retiring counts units outside the active epoch whose consumers exist.
@@ -134,6 +136,10 @@ func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase
 	switch {
 	case o.change.held || o.roll.held:
 		return topologyv1.PhasePaused, reason, joinNonEmpty(o.change.message, o.roll.message)
+	case o.change.refused:
+		return topologyv1.PhaseAwaitingApproval, topologyv1.ReasonApprovalRefused, o.change.message
+	case o.change.awaiting:
+		return topologyv1.PhaseAwaitingApproval, topologyv1.ReasonAwaitingApproval, o.change.message
 	case firstEpoch:
 		return topologyv1.PhaseProvisioning, topologyv1.ReasonProvisioning, nonEmpty(o.change.message, "provisioning the first epoch")
 	case o.change.inProgress:
@@ -177,6 +183,58 @@ func applyWorld(st *topologyv1.ShardTopologyStatus, t *topologyv1.ShardTopology,
 		st.Provisioned = &p
 	}
 	st.Rollout = rolloutStatus(t.Status.Rollout, st, o, now)
+	if last := finishedRollout(&t.Status, st, o, now); last != nil {
+		st.LastRollout = last
+	}
+	switch {
+	case o.plan != nil:
+		st.Plan = o.plan
+	case !o.change.inProgress:
+		st.Plan = nil
+	}
+}
+
+// finishedRollout is the record of the rollout status reported until now
+// and no longer reports, or nil while it runs. A topology change that
+// gives way in status to a pod roll while it waits for one has not
+// finished, nor has a pod roll that gives way to a topology change.
+func finishedRollout(before, st *topologyv1.ShardTopologyStatus, o observation, now time.Time) *topologyv1.LastRolloutStatus {
+	prev, cur := before.Rollout, st.Rollout
+	switch {
+	case prev == nil:
+		return nil
+	case cur != nil && cur.Kind == prev.Kind:
+		return nil
+	case prev.Kind == topologyv1.RolloutKindTopology && o.change.inProgress:
+		return nil
+	case prev.Kind == topologyv1.RolloutKindPods && o.roll.active:
+		return nil
+	}
+	last := &topologyv1.LastRolloutStatus{Kind: prev.Kind, StartedAt: prev.StartedAt, FinishedAt: ptrTime(now), Result: topologyv1.RolloutSucceeded}
+	if prev.StartedAt != nil {
+		last.Duration = &metav1.Duration{Duration: now.Sub(prev.StartedAt.Time).Truncate(time.Second)}
+	}
+	switch prev.Kind {
+	case topologyv1.RolloutKindTopology:
+		if prev.Step == topologyv1.StepAbort {
+			last.Result = topologyv1.RolloutAborted
+		}
+		last.From, last.To = epochText(prev.FromEpoch), epochText(st.ActiveEpoch)
+		if before.Plan != nil && last.Result == topologyv1.RolloutSucceeded {
+			last.PlanHash = before.Plan.Hash
+		}
+	case topologyv1.RolloutKindPods:
+		last.To = o.roll.revision
+	}
+	return last
+}
+
+// epochText renders an epoch as "epoch 2 (4x16)", or "" for none.
+func epochText(e *topologyv1.TopologyEpoch) string {
+	if e == nil {
+		return ""
+	}
+	return fmt.Sprintf("epoch %d (%dx%d)", e.Number, e.Partitions, e.ShardsPerPartition)
 }
 
 // rolloutStatus is the rollout in progress, or nil. A topology change is
@@ -185,7 +243,7 @@ func applyWorld(st *topologyv1.ShardTopologyStatus, t *topologyv1.ShardTopology,
 func rolloutStatus(prev *topologyv1.RolloutStatus, st *topologyv1.ShardTopologyStatus, o observation, now time.Time) *topologyv1.RolloutStatus {
 	podsFirst := o.roll.active && (o.change.state == stateSteady || o.change.state == stateRetiring || o.change.state == stateChangeWanted)
 	switch {
-	case o.change.inProgress && !podsFirst:
+	case o.change.inProgress && !podsFirst && !o.change.awaiting:
 		r := &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindTopology, Step: o.change.step, Message: o.change.message,
 			StartedAt: ptrTime(now), UnitsToMove: o.change.unitsToMove}
 		if prev != nil && prev.Kind == topologyv1.RolloutKindTopology {
@@ -215,7 +273,7 @@ func rolloutStatus(prev *topologyv1.RolloutStatus, st *topologyv1.ShardTopologyS
 // owned by their placement owner.
 func unitsMoved(r *topologyv1.RolloutStatus, o observation) int32 {
 	switch r.Step {
-	case topologyv1.StepProvision, topologyv1.StepFreeze, topologyv1.StepActivate, topologyv1.StepAbort, "":
+	case topologyv1.StepApprove, topologyv1.StepProvision, topologyv1.StepFreeze, topologyv1.StepActivate, topologyv1.StepAbort, "":
 		return 0
 	}
 	snap := &o.registry.snap
@@ -259,7 +317,8 @@ func applyCensus(st *topologyv1.ShardTopologyStatus, set setFunc, c *censusRepor
 	default:
 		cs := c.census
 		taken := metav1.NewTime(cs.TakenAt.Truncate(time.Second))
-		st.Census = &topologyv1.CensusStatus{ObservedAt: &taken, Servers: int32(countedServers(cs)), MinVersion: cs.MinVersion, BelowFloor: cs.BelowFloor}
+		st.Census = &topologyv1.CensusStatus{ObservedAt: &taken, ServerCount: int32(countedServers(cs)), Servers: censusServers(cs),
+			MinVersion: cs.MinVersion, BelowFloor: cs.BelowFloor}
 		if len(st.Census.BelowFloor) == 0 {
 			st.Census.BelowFloor = nil
 		}
@@ -301,14 +360,17 @@ func progressText(st *topologyv1.ShardTopologyStatus, o observation) string {
 	default:
 		return st.Progress
 	}
-	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindTopology && r.Step != topologyv1.StepClaim && r.Step != topologyv1.StepRetire {
+	afterActivation := func(step string) bool {
+		return step == topologyv1.StepHandOver || step == topologyv1.StepClaim || step == topologyv1.StepRetire
+	}
+	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindTopology && !afterActivation(r.Step) {
 		to := o.spec.String()
 		if e := st.TargetEpoch; e != nil {
 			to = fmt.Sprintf("epoch %d (%dx%d)", e.Number, e.Partitions, e.ShardsPerPartition)
 		}
 		parts = append(parts, fmt.Sprintf("-> %s: %s", to, r.Step))
 	}
-	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindTopology && (r.Step == topologyv1.StepClaim || r.Step == topologyv1.StepRetire) && r.UnitsToMove > 0 {
+	if r := st.Rollout; r != nil && r.Kind == topologyv1.RolloutKindTopology && afterActivation(r.Step) && r.UnitsToMove > 0 {
 		parts = append(parts, fmt.Sprintf("moved %d/%d", r.UnitsMoved, r.UnitsToMove))
 	}
 	if st.Units != nil && st.Units.Retiring > 0 {
@@ -319,6 +381,9 @@ func progressText(st *topologyv1.ShardTopologyStatus, o observation) string {
 	}
 	if st.Phase == topologyv1.PhasePaused {
 		parts = append(parts, "paused")
+	}
+	if p := st.Plan; p != nil && p.State == topologyv1.PlanProposalReady {
+		parts = append(parts, fmt.Sprintf("-> %s: plan %s awaits approval", p.To, p.Hash))
 	}
 	return strings.Join(parts, "; ")
 }

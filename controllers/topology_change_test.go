@@ -81,7 +81,7 @@ func TestFirstReconcileProvisionsAndActivatesEpochOne(t *testing.T) {
 	}
 	wantConditionOf(t, st, topologyv1.ConditionVersionFloorMet, metav1.ConditionTrue, topologyv1.ReasonFloorMet)
 	wantConditionOf(t, st, topologyv1.ConditionReconciling, metav1.ConditionFalse, topologyv1.ReasonReady)
-	if c := st.Status.Census; c == nil || c.Servers != 3 || c.MinVersion == "" || len(c.BelowFloor) != 0 || c.ObservedAt == nil {
+	if c := st.Status.Census; c == nil || c.ServerCount != 3 || len(c.Servers) != 3 || c.MinVersion == "" || len(c.BelowFloor) != 0 || c.ObservedAt == nil {
 		t.Fatalf("census %+v", c)
 	}
 	if st.Status.Rollout != nil {
@@ -92,9 +92,12 @@ func TestFirstReconcileProvisionsAndActivatesEpochOne(t *testing.T) {
 
 	labels := map[string]string{"namespace": f.ns, "name": "ingest"}
 	eventually(t, 10*time.Second, func() error {
+		for state, want := range map[string]float64{"flowing": 8, "stalled": 0, "unowned": 0} {
+			if got, ok := metricValue(t, "shardkeeper_units", map[string]string{"namespace": f.ns, "name": "ingest", "state": state}); !ok || got != want {
+				return fmt.Errorf("shardkeeper_units{state=%q} = %v (present %t), want %v", state, got, ok, want)
+			}
+		}
 		for name, want := range map[string]float64{
-			"shardkeeper_units_owned":              8,
-			"shardkeeper_units_unowned":            0,
 			"shardkeeper_units_multiply_owned":     0,
 			"shardkeeper_reset_permission_allowed": 1,
 			"shardkeeper_topology_epoch":           1,
@@ -103,14 +106,17 @@ func TestFirstReconcileProvisionsAndActivatesEpochOne(t *testing.T) {
 				return fmt.Errorf("%s = %v (present %t), want %v", name, got, ok, want)
 			}
 		}
-		if v, ok := metricValue(t, "shardkeeper_rollout_phase", map[string]string{"namespace": f.ns, "name": "ingest", "phase": "Ready"}); !ok || v != 1 {
+		if v, ok := metricValue(t, "shardkeeper_topology_phase", map[string]string{"namespace": f.ns, "name": "ingest", "phase": "Ready"}); !ok || v != 1 {
 			return fmt.Errorf("rollout phase Ready = %v", v)
 		}
 		if _, ok := metricValue(t, "shardkeeper_census_min_version_info", map[string]string{"namespace": f.ns, "name": "ingest", "version": st.Status.Census.MinVersion}); !ok {
 			return errors.New("no census min version series")
 		}
-		if _, ok := metricValue(t, "shardkeeper_census_age_seconds", labels); !ok {
-			return errors.New("no census age series")
+		if v, ok := metricValue(t, "shardkeeper_census_timestamp_seconds", labels); !ok || int64(v) != st.Status.Census.ObservedAt.Unix() {
+			return fmt.Errorf("census timestamp %v (present %t), want %d", v, ok, st.Status.Census.ObservedAt.Unix())
+		}
+		if v, ok := metricValue(t, "shardkeeper_topology_condition", map[string]string{"namespace": f.ns, "name": "ingest", "type": "Ready", "status": "true"}); !ok || v != 1 {
+			return fmt.Errorf("condition Ready=true series %v (present %t)", v, ok)
 		}
 		return nil
 	})

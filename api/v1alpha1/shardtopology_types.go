@@ -92,6 +92,14 @@ const (
 	// within the operator's bound (a partition, or a statement waiting on
 	// locks); the message names the operation. Retried with backoff.
 	ReasonRegistryUnavailable = "RegistryUnavailable"
+	// ReasonAwaitingApproval means spec.rollout.approval is Manual and the
+	// plan in status.plan waits for the approve annotation carrying its
+	// hash; nothing has been frozen.
+	ReasonAwaitingApproval = "AwaitingApproval"
+	// ReasonApprovalRefused means the approve annotation names a plan
+	// hash other than the one in status.plan (the plan changed since it
+	// was read, or the hash was mistyped); the change keeps waiting.
+	ReasonApprovalRefused = "ApprovalRefused"
 	// ReasonUnitsStalled means every unit is owned but some owned units do
 	// not flow: the owner's activity report is stale or missing, or rows
 	// wait in the unit's consumer and the owner received none within the
@@ -107,8 +115,14 @@ const (
 	RolloutKindPods = "Pods"
 )
 
-// Steps of a topology change, in order, as reported in status.rollout.step.
+// Steps of a topology change, in order. They are the one vocabulary of
+// the plan (status.plan, kubectl shardkeeper plan), of status.rollout.step
+// and of the Events: internal/ownership names its plan steps with these
+// constants.
 const (
+	// StepApprove waits for the approve annotation carrying the hash of
+	// the plan in status.plan (spec.rollout.approval: Manual only).
+	StepApprove = "Approve"
 	// StepProvision creates the target's streams and unit consumers.
 	StepProvision = "Provision"
 	// StepFreeze writes the target epoch as pending and waits until every
@@ -116,7 +130,11 @@ const (
 	StepFreeze = "Freeze"
 	// StepActivate makes the pending epoch the active one.
 	StepActivate = "Activate"
-	// StepClaim waits until every unit of the new epoch is owned.
+	// StepHandOver: owners of units that move stop fetching, let
+	// delivered rows settle, unpin and release them.
+	StepHandOver = "HandOver"
+	// StepClaim waits until every unit of the new epoch is owned: the new
+	// owners claim the released and the added units.
 	StepClaim = "Claim"
 	// StepRetire deletes the consumers of units that left, once drained.
 	StepRetire = "Retire"
@@ -124,8 +142,9 @@ const (
 	StepAbort = "Abort"
 )
 
-// TopologySteps lists the steps of a topology change in order.
-var TopologySteps = []string{StepProvision, StepFreeze, StepActivate, StepClaim, StepRetire}
+// TopologySteps lists the steps of a topology change in order (Approve
+// only under spec.rollout.approval: Manual).
+var TopologySteps = []string{StepApprove, StepProvision, StepFreeze, StepActivate, StepHandOver, StepClaim, StepRetire}
 
 // Steps of one pod in a pod-by-pod roll, as reported in
 // status.rollout.pods[].step.
@@ -162,23 +181,64 @@ const DeletionPolicyAnnotation = "topology.shardkeeper.dev/deletion-policy"
 // everything on deletion.
 const DeletionPolicyOrphan = "Orphan"
 
+// ApproveAnnotation approves the plan in status.plan under
+// spec.rollout.approval: Manual. Its value must be the plan's hash
+// (status.plan.hash), so a plan that changed since a person read it is
+// not approved by mistake: an approval naming another hash is refused
+// (Ready reason ApprovalRefused, Event ApprovalRefused).
+const ApproveAnnotation = "topology.shardkeeper.dev/approve"
+
 // PausedAnnotation pauses a rollout between steps when set to "true", like
 // spec.rollout.paused but without a spec change (useful under GitOps).
 const PausedAnnotation = "topology.shardkeeper.dev/paused"
 
 // Phase is a one-word summary of where a ShardTopology stands.
-// +kubebuilder:validation:Enum=Pending;Provisioning;RollingOut;Ready;Paused;Stalled;Deleting
+// +kubebuilder:validation:Enum=Pending;Provisioning;AwaitingApproval;RollingOut;Ready;Paused;Stalled;Deleting
 type Phase string
 
 // Phases of a ShardTopology.
 const (
 	PhasePending      Phase = "Pending"
 	PhaseProvisioning Phase = "Provisioning"
-	PhaseRollingOut   Phase = "RollingOut"
-	PhaseReady        Phase = "Ready"
-	PhasePaused       Phase = "Paused"
-	PhaseStalled      Phase = "Stalled"
-	PhaseDeleting     Phase = "Deleting"
+	// PhaseAwaitingApproval: a change's plan waits for a person's approval.
+	PhaseAwaitingApproval Phase = "AwaitingApproval"
+	PhaseRollingOut       Phase = "RollingOut"
+	PhaseReady            Phase = "Ready"
+	PhasePaused           Phase = "Paused"
+	PhaseStalled          Phase = "Stalled"
+	PhaseDeleting         Phase = "Deleting"
+)
+
+// ApprovalPolicy says whether a change of N or V waits for a person.
+// +kubebuilder:validation:Enum=Automatic;Manual
+type ApprovalPolicy string
+
+const (
+	// ApprovalAutomatic rolls a change out as soon as the plan is made.
+	ApprovalAutomatic ApprovalPolicy = "Automatic"
+	// ApprovalManual publishes the plan in status.plan and waits for the
+	// approve annotation carrying its hash before freezing anything.
+	ApprovalManual ApprovalPolicy = "Manual"
+)
+
+// Results of a finished rollout, in status.lastRollout.result.
+const (
+	// RolloutSucceeded: the rollout reached its target.
+	RolloutSucceeded = "Succeeded"
+	// RolloutAborted: a pending epoch was retired (abort annotation, or
+	// the spec went back) and the active one kept.
+	RolloutAborted = "Aborted"
+)
+
+// Plan states, in status.plan.state, after Strimzi's rebalance proposal:
+// each state says which annotation it accepts.
+const (
+	// PlanProposalReady: the plan waits for approval; it accepts the
+	// approve annotation with its hash (and abort).
+	PlanProposalReady = "ProposalReady"
+	// PlanApproved: the plan was approved (or approval is Automatic) and
+	// is rolling out; it accepts pause and abort.
+	PlanApproved = "Approved"
 )
 
 // ShardAssignment says who decides which shard a row belongs to.
@@ -408,6 +468,17 @@ type RolloutSpec struct {
 	// +kubebuilder:default=1
 	// +optional
 	MaxPodsAtOnce int32 `json:"maxPodsAtOnce,omitempty"`
+
+	// Approval says whether a change of N or V waits for a person.
+	// Automatic rolls it out at once. Manual publishes the plan in
+	// status.plan (units added, removed and moved, pods affected, an
+	// estimated duration and a hash) and freezes nothing until the
+	// annotation topology.shardkeeper.dev/approve carries that hash
+	// (kubectl shardkeeper approve NAME). The first epoch and pod rolls
+	// need no approval.
+	// +kubebuilder:default=Automatic
+	// +optional
+	Approval ApprovalPolicy `json:"approval,omitempty"`
 }
 
 // SecretKeyRef names one key of a Secret in the ShardTopology's namespace.
@@ -507,11 +578,21 @@ type PodRollStatus struct {
 
 // CensusStatus is the operator's latest reading of NATS server versions.
 type CensusStatus struct {
-	// ObservedAt is when the census was taken.
+	// ObservedAt is when the census was taken (its first reply, so its
+	// age is never understated).
 	// +optional
 	ObservedAt *metav1.Time `json:"observedAt,omitempty"`
-	// Servers is how many servers the census expected to see.
-	Servers int32 `json:"servers"`
+	// ServerCount is how many servers the census counted: those that
+	// must be at the floor for RESET (cluster members and the consumers'
+	// hosts).
+	ServerCount int32 `json:"serverCount"`
+	// Servers lists every server the census saw or expected, with its
+	// version, so a person can read the versions without NATS
+	// credentials (kubectl shardkeeper census NAME).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=256
+	Servers []CensusServer `json:"servers,omitempty"`
 	// MinVersion is the lowest version seen ("unknown" when a server that
 	// should have answered did not).
 	// +optional
@@ -521,6 +602,116 @@ type CensusStatus struct {
 	// +optional
 	// +listType=atomic
 	BelowFloor []string `json:"belowFloor,omitempty"`
+}
+
+// CensusServer is one NATS server as the last census saw it.
+type CensusServer struct {
+	// Name is the server's name.
+	Name string `json:"name"`
+	// Version is the version it reported; "unknown" when it should have
+	// answered and did not.
+	Version string `json:"version"`
+	// Cluster is the cluster it belongs to, when it has one.
+	// +optional
+	Cluster string `json:"cluster,omitempty"`
+	// Role says why the census looked at it, e.g. member, meta-leader,
+	// leafnode or consumer replica.
+	// +optional
+	Role string `json:"role,omitempty"`
+	// BelowFloor is true when it is below spec.nats.versionFloor or
+	// unknown (fail closed).
+	// +optional
+	BelowFloor bool `json:"belowFloor,omitempty"`
+}
+
+// PlanStatus is the change of N or V the operator proposes (under
+// spec.rollout.approval: Manual) or is rolling out, computed from the
+// live members and their claims before anything is frozen.
+type PlanStatus struct {
+	// Hash identifies the plan: the active epoch, the target shape and
+	// every unit's move. The approve annotation must carry it.
+	Hash string `json:"hash"`
+	// State is ProposalReady (waiting for approval) or Approved.
+	State string `json:"state"`
+	// From is the active epoch the plan starts from.
+	// +optional
+	From *TopologyEpoch `json:"from,omitempty"`
+	// To is the shape the plan rolls out.
+	To TopologyShape `json:"to"`
+	// UnitsAdded are units of To that do not exist yet.
+	UnitsAdded int32 `json:"unitsAdded"`
+	// UnitsRemoved are units that leave; retired once drained.
+	UnitsRemoved int32 `json:"unitsRemoved"`
+	// UnitsMoved are kept units whose owner changes (handed over, then
+	// claimed by the new owner).
+	UnitsMoved int32 `json:"unitsMoved"`
+	// UnitsKept are kept units whose owner stays: they never stop.
+	UnitsKept int32 `json:"unitsKept"`
+	// Pods lists, per live member, what the plan does to it.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=1024
+	Pods []PodPlan `json:"pods,omitempty"`
+	// EstimatedDuration is how long the change should take up to its
+	// Retire step: a renew interval for the freeze acknowledgements,
+	// spec.rollout.drainTimeout when units move, and a renew interval
+	// for the claims. Retire waits for rows to drain and is not counted.
+	// +optional
+	EstimatedDuration *metav1.Duration `json:"estimatedDuration,omitempty"`
+	// ProposedAt is when this plan (this hash) was first published.
+	// +optional
+	ProposedAt *metav1.Time `json:"proposedAt,omitempty"`
+	// Message says what the plan waits for, in words.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// PodPlan is what a plan does to one worker pod.
+type PodPlan struct {
+	// Name of the pod (its registry member).
+	Name string `json:"name"`
+	// Before is how many units it holds now.
+	Before int32 `json:"before"`
+	// After is how many units it will hold.
+	After int32 `json:"after"`
+	// MovedIn are kept units it takes over from another pod.
+	MovedIn int32 `json:"movedIn"`
+	// MovedOut are kept units it hands over to another pod.
+	MovedOut int32 `json:"movedOut"`
+	// Added are new units it claims.
+	Added int32 `json:"added"`
+	// Removed are units it holds that leave the topology.
+	Removed int32 `json:"removed"`
+}
+
+// LastRolloutStatus records the rollout that finished last, so a finished
+// rollout leaves a trace instead of status.rollout just going away.
+type LastRolloutStatus struct {
+	// Kind is Topology or Pods.
+	Kind string `json:"kind"`
+	// From is where it started: "epoch 1 (4x8)" for a topology change,
+	// empty for the first epoch and for pod rolls.
+	// +optional
+	From string `json:"from,omitempty"`
+	// To is where it ended: "epoch 2 (4x16)", or for a pod roll the
+	// StatefulSet's update revision.
+	// +optional
+	To string `json:"to,omitempty"`
+	// StartedAt is when it began.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// FinishedAt is when the operator saw it end.
+	// +optional
+	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+	// Result is Succeeded or Aborted.
+	Result string `json:"result"`
+	// Duration is FinishedAt - StartedAt.
+	// +optional
+	Duration *metav1.Duration `json:"duration,omitempty"`
+	// PlanHash is the hash of the plan it rolled out, when it had one;
+	// an approve annotation still carrying it is not a stale approval.
+	// +optional
+	PlanHash string `json:"planHash,omitempty"`
 }
 
 // RolloutStatus says how far the current rollout has come.
@@ -564,8 +755,8 @@ type ShardTopologyStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Phase is a one-word summary: Pending, Provisioning, RollingOut, Ready,
-	// Paused, Stalled or Deleting.
+	// Phase is a one-word summary: Pending, Provisioning,
+	// AwaitingApproval, RollingOut, Ready, Paused, Stalled or Deleting.
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
 
@@ -598,9 +789,18 @@ type ShardTopologyStatus struct {
 	// +optional
 	Census *CensusStatus `json:"census,omitempty"`
 
+	// Plan is the change of N or V proposed or rolling out, when there is
+	// one.
+	// +optional
+	Plan *PlanStatus `json:"plan,omitempty"`
+
 	// Rollout is the progress of the current rollout, when one runs.
 	// +optional
 	Rollout *RolloutStatus `json:"rollout,omitempty"`
+
+	// LastRollout is the rollout that finished last.
+	// +optional
+	LastRollout *LastRolloutStatus `json:"lastRollout,omitempty"`
 
 	// Conditions: Ready, Reconciling, Stalled, VersionFloorMet,
 	// RolloutPaused.
@@ -612,18 +812,23 @@ type ShardTopologyStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
+// The short name is stopo, not st: st is one typo away from sts
+// (StatefulSets), the other object a person handles beside a topology.
+
 // ShardTopology declares the shard topology of one ingest fleet reading NATS
 // JetStream, and reports how far the operator has brought the world to it.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=st;shardtopo,categories=shardkeeper
-// +kubebuilder:printcolumn:name="N",type=integer,JSONPath=`.spec.partitions`,description="Partitions"
-// +kubebuilder:printcolumn:name="V",type=integer,JSONPath=`.spec.shardsPerPartition`,description="Shards per partition"
+// +kubebuilder:resource:shortName=stopo;shardtopo,categories=shardkeeper
+// +kubebuilder:printcolumn:name="Partitions",type=integer,JSONPath=`.spec.partitions`,description="N, partitions"
+// +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shardsPerPartition`,description="V, shards per partition"
+// +kubebuilder:printcolumn:name="Epoch",type=integer,JSONPath=`.status.activeEpoch.number`,description="Active topology epoch"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Progress",type=string,JSONPath=`.status.progress`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Reason",type=string,priority=1,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why Ready is what it is"
 type ShardTopology struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -8,9 +9,23 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/plugin"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
+
+// capture runs the command line in this process with its output in a
+// buffer.
+func capture(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := NewRootCmd(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
 
 // TestCensusMain is not a test: the census tests run the test binary as the
 // command (see runMain), so they see its real exit status.
@@ -109,16 +124,17 @@ func TestCensusRefusesBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"census"},
 		{"census", "--server", "nats://127.0.0.1:1", "--floor", "2.14"},
-		{"census", "--server", "nats://127.0.0.1:1", "-o", "yaml"},
+		{"census", "--server", "nats://127.0.0.1:1", "-o", "xml"},
+		{"census", "ingest", "--server", "nats://127.0.0.1:1"},
 		{"census", "--server", "nats://127.0.0.1:1", "--consumer", "nostream"},
 	} {
-		if _, err := capture(t, args...); !errors.Is(err, errUsage) {
+		if _, err := capture(t, args...); !errors.Is(err, plugin.ErrUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}
 	}
 	// An unreachable server is an error, and the message hides credentials.
 	_, err := capture(t, "census", "--server", "nats://sys:topsecret@127.0.0.1:1", "--timeout", "200ms")
-	if err == nil || errors.Is(err, errUsage) || strings.Contains(err.Error(), "topsecret") {
+	if err == nil || errors.Is(err, plugin.ErrUsage) || strings.Contains(err.Error(), "topsecret") {
 		t.Fatalf("unreachable server: %v", err)
 	}
 }

@@ -1,94 +1,83 @@
 // Command kubectl-shardkeeper is shardkeeper's command line, usable on its
 // own and as a kubectl plugin (kubectl finds it on PATH and runs it as
-// "kubectl shardkeeper ...").
+// "kubectl shardkeeper ..."). It takes kubectl's own flags (--kubeconfig,
+// --context, -n, --as and the rest, from k8s.io/cli-runtime), and each verb
+// is a package under internal/plugin.
 //
-//	kubectl shardkeeper plan --partitions 4 --shards 8 --to-shards 16 --members 4
-//	kubectl shardkeeper plan ... -o json
+//	kubectl shardkeeper status ingest -w
+//	kubectl shardkeeper plan ingest
+//	kubectl shardkeeper approve ingest --hash 3f2a9c0d1e4b5a69
 //
-// Each subcommand lives in its own file and is one entry in commands.
+// Exit codes: 0 success, 1 error, 2 usage, 3 status --watch saw Stalled,
+// 4 status --watch timed out.
 package main
 
 import (
-	"errors"
-	"flag"
+	"context"
 	"fmt"
-	"maps"
 	"os"
-	"slices"
+	"os/signal"
 	"strings"
+	"syscall"
 
-	"github.com/shardkeeper/shardkeeper/internal/version"
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/shardkeeper/shardkeeper/internal/plugin"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/abort"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/approve"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/census"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/pause"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/plan"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/resume"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/status"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/version"
+	internalversion "github.com/shardkeeper/shardkeeper/internal/version"
 )
 
-// command is one subcommand: what it does, in a line, and its entry point.
-type command struct {
-	summary string
-	run     func(args []string) error
-}
-
-// commands maps each subcommand's name to it. To add one, write
-// <name>.go with its run function and add a line here.
-var commands = map[string]command{
-	"plan":    {summary: "show what a change of N or V would do, without doing it", run: runPlan},
-	"census":  {summary: "check every NATS server's version against the floor (exit 1 if not met)", run: runCensus},
-	"status":  {summary: "show a ShardTopology's phase, epochs, census and rollout step by step", run: runStatus},
-	"version": {summary: "print the version (also --version)", run: runVersion},
-}
-
-func runVersion([]string) error {
-	version.Print("kubectl-shardkeeper")
-	return nil
-}
-
-// errUsage marks errors in how the command was called; it exits 2.
-var errUsage = errors.New("usage")
-
 func main() {
-	if err := dispatch(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "kubectl-shardkeeper:", err)
-		if errors.Is(err, errUsage) {
-			os.Exit(2)
-		}
-		os.Exit(1)
-	}
-}
-
-func dispatch(args []string) error {
-	if len(args) == 0 || isHelp(args[0]) {
-		printUsage()
-		if len(args) == 0 {
-			return fmt.Errorf("%w: no subcommand", errUsage)
-		}
-		return nil
-	}
-	if args[0] == "--version" || args[0] == "-version" {
-		args[0] = "version"
-	}
-	cmd, ok := commands[args[0]]
-	if !ok {
-		printUsage()
-		return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
-	}
-	err := cmd.run(args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return nil // the flag set printed its usage
-	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := NewRootCmd(plugin.StdStreams()).ExecuteContext(ctx)
+	stop()
+	code := plugin.CodeOf(err)
 	if err != nil {
-		return fmt.Errorf("%s: %w", args[0], err)
+		fmt.Fprintln(os.Stderr, "kubectl-shardkeeper:", err)
+		// cobra's own "unknown command" has no type to test for.
+		if strings.HasPrefix(err.Error(), "unknown command") {
+			code = plugin.ExitUsage
+		}
 	}
-	return nil
+	os.Exit(code)
 }
 
-func isHelp(arg string) bool {
-	return arg == "help" || arg == "-h" || arg == "--help"
-}
-
-func printUsage() {
-	var b strings.Builder
-	b.WriteString("Usage: kubectl shardkeeper <subcommand> [flags]\n\nSubcommands:\n")
-	for _, name := range slices.Sorted(maps.Keys(commands)) {
-		fmt.Fprintf(&b, "  %-10s %s\n", name, commands[name].summary)
+// NewRootCmd wires every verb under one root with kubectl's flags.
+func NewRootCmd(streams genericiooptions.IOStreams) *cobra.Command {
+	f := plugin.NewFactory(streams)
+	root := &cobra.Command{
+		Use:           "kubectl-shardkeeper",
+		Short:         "Day-2 operations on ShardTopologies: status, plan, approve, pause, resume, abort, census",
+		Version:       internalversion.Get().String(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl shardkeeper"},
 	}
-	b.WriteString("\nRun 'kubectl shardkeeper <subcommand> -h' for its flags.\n")
-	fmt.Fprint(stderr, b.String())
+	root.SetIn(streams.In)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.ErrOut)
+	root.SetVersionTemplate("kubectl-shardkeeper {{.Version}}\n")
+	f.ConfigFlags.AddFlags(root.PersistentFlags())
+	// Flag errors are usage errors: exit 2, like a missing NAME.
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return plugin.Usagef("%v", err) })
+
+	root.AddGroup(&cobra.Group{ID: "observe", Title: "Observe:"}, &cobra.Group{ID: "act", Title: "Act on a rollout:"})
+	for _, c := range []*cobra.Command{status.NewCmd(f), plan.NewCmd(f), census.NewCmd(f)} {
+		c.GroupID = "observe"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{approve.NewCmd(f), pause.NewCmd(f), resume.NewCmd(f), abort.NewCmd(f)} {
+		c.GroupID = "act"
+		root.AddCommand(c)
+	}
+	root.AddCommand(version.NewCmd(f))
+	return root
 }

@@ -34,8 +34,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
-
 	"github.com/shardkeeper/shardkeeper/internal/version"
 )
 
@@ -49,7 +47,7 @@ func main() {
 		version.Print("shardkeeper-worker")
 		return
 	}
-	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: cfg.verbosity})
+	log := newLogger(os.Stderr, cfg.verbosity)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	runFn := run

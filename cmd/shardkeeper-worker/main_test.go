@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,6 +158,31 @@ func TestSinkWritesOnlyUnderAValidClaim(t *testing.T) {
 	var writes, members int
 	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT member) FROM shardkeeper_sink_writes WHERE id = 'a'`).Scan(&writes, &members); err != nil || writes != 2 || members != 1 {
 		t.Fatalf("row a: %d writes by %d members (err %v), want 2 by 1", writes, members, err)
+	}
+}
+
+// The worker logs JSON lines with the operator's keys, so one query finds
+// a unit's story in both.
+func TestLogsAreJSONWithTheOperatorsKeys(t *testing.T) {
+	var b strings.Builder
+	log := newLogger(&b, 0).WithValues("topology", "prod/ingest", "member", "ingest-0")
+	log.Info("Took over with RESET", "unit", "3.11", "epoch", 7)
+	log.V(1).Info("not at -v 0")
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("want one line (V(1) hidden), got %q", b.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &got); err != nil {
+		t.Fatalf("not JSON: %v: %s", err, lines[0])
+	}
+	for k, want := range map[string]any{"level": "info", "msg": "Took over with RESET", "topology": "prod/ingest", "member": "ingest-0", "unit": "3.11", "epoch": 7.0} {
+		if got[k] != want {
+			t.Errorf("%s = %v, want %v (line %s)", k, got[k], want, lines[0])
+		}
+	}
+	if _, err := time.Parse(time.RFC3339, fmt.Sprint(got["ts"])); err != nil {
+		t.Errorf("ts %v is not RFC 3339 as the operator writes it: %v", got["ts"], err)
 	}
 }
 

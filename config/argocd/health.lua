@@ -1,6 +1,7 @@
 -- Argo CD health check for topology.shardkeeper.dev/ShardTopology.
 -- Reads the kstatus-style conditions the operator writes: a rollout in
--- progress is Progressing, a stalled one Degraded, a paused one Suspended,
+-- progress is Progressing, a stalled one Degraded, a paused one or one
+-- whose plan waits for approval Suspended,
 -- and only Ready=True at the current generation is Healthy.
 local hs = {}
 if obj.status == nil or obj.status.conditions == nil then
@@ -30,6 +31,10 @@ end
 if is("Stalled", "True") then
   hs.status = "Degraded"
   hs.message = msg("Stalled")
+elseif conds["Ready"] ~= nil and (conds["Ready"].reason == "AwaitingApproval" or conds["Ready"].reason == "ApprovalRefused") then
+  -- spec.rollout.approval: Manual: the plan waits for a person.
+  hs.status = "Suspended"
+  hs.message = msg("Ready")
 elseif is("RolloutPaused", "True") and not is("Ready", "True") then
   hs.status = "Suspended"
   hs.message = msg("RolloutPaused")

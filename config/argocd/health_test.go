@@ -78,6 +78,8 @@ func TestHealth(t *testing.T) {
 		{"an unobserved generation is progressing even if ready", obj(2, 1, cond("Ready", "True", "Ready")), "Progressing"},
 		{"stalled is degraded", obj(1, 1, cond("Stalled", "True", "SecretNotFound"), cond("Ready", "False", "SecretNotFound")), "Degraded"},
 		{"paused mid-rollout is suspended", obj(1, 1, cond("RolloutPaused", "True", "Paused"), cond("Ready", "False", "RollingOut")), "Suspended"},
+		{"a plan waiting for approval is suspended", obj(1, 1, cond("Reconciling", "True", "AwaitingApproval"), cond("Ready", "False", "AwaitingApproval")), "Suspended"},
+		{"a refused approval is suspended too", obj(1, 1, cond("Reconciling", "True", "ApprovalRefused"), cond("Ready", "False", "ApprovalRefused")), "Suspended"},
 		{"rolling out is progressing", obj(1, 1, cond("Reconciling", "True", "RollingOut"), cond("Ready", "False", "RollingOut")), "Progressing"},
 		{"ready at the current generation is healthy", obj(3, 3, cond("Ready", "True", "Ready"), cond("Reconciling", "False", "Ready"), cond("Stalled", "False", "SpecValid")), "Healthy"},
 	}

@@ -98,4 +98,3 @@ func tlsConfig(files map[string][]byte) (*tls.Config, error) {
 	}
 	return tc, nil
 }
-

@@ -85,7 +85,6 @@ func mustOption(t *testing.T, b []byte) nats.Option {
 	return o
 }
 
-
 func TestAuthOptionsRefuseABadTLSBundleWithoutEchoingIt(t *testing.T) {
 	_, err := AuthOptions(nil, map[string][]byte{"ca.crt": []byte("not a certificate SECRETPART")})
 	if !errors.Is(err, ErrBadCredentials) || strings.Contains(err.Error(), "SECRETPART") {

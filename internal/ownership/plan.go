@@ -17,7 +17,13 @@ type StepName string
 
 // Steps of a topology change (Freeze, Activate, HandOver, Claim, Retire)
 // and of a pod roll (per pod: HandOver, Claim, VerifyEmpty, Restart,
-// Rejoin, HandOver, Claim).
+// Rejoin, HandOver, Claim). A topology change's steps carry the API's
+// names (api/v1alpha1's StepFreeze...), so a plan, status.rollout.step and
+// the Events speak one vocabulary. They are spelled out here rather than
+// imported because the worker SDK imports this package and must not pull
+// in Kubernetes; controllers' TestPlanStepsAreTheAPIs keeps them equal.
+// VerifyEmpty, Restart and Rejoin are the plan's finer view of a pod's
+// HandingOver, Deleting and Rejoining.
 const (
 	// StepFreeze: every live member stops taking new claims and
 	// acknowledges the active epoch. Units already held keep flowing.

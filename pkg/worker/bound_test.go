@@ -94,29 +94,30 @@ func TestUnknownSettlementCountsAsAbandon(t *testing.T) {
 	}
 }
 
-// The row's sequences are read from the ack subject at nats.go's token
-// positions (internal/parser), for every subject shape servers send.
-func TestAckSequencesReadEveryAckSubjectShape(t *testing.T) {
+// The row's sequences and the pending count are read from the ack subject
+// at nats.go's token positions (internal/parser), for every subject shape
+// servers send.
+func TestAckMetadataReadsEveryAckSubjectShape(t *testing.T) {
 	tests := []struct {
-		name, subject  string
-		seq, delivered uint64
+		name, subject string
+		want          ackFields
 	}{
-		{"before domains", "$JS.ACK.S_INGEST_0.ingest_0_3.2.1017.998.1700000000000000000.5", 1017, 2},
-		{"domain and random token", "$JS.ACK._.ACCHASH.S_INGEST_0.ingest_0_3.1.42.40.1700000000000000000.0.RANDOM", 42, 1},
-		{"without the random token", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.18446744073709551615.3.1700000.0", 18446744073709551615, 7},
-		{"a token more", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.9.3.1700000.0.RANDOM.FUTURE", 9, 7},
+		{"before domains", "$JS.ACK.S_INGEST_0.ingest_0_3.2.1017.998.1700000000000000000.5", ackFields{1017, 2, 5}},
+		{"domain and random token", "$JS.ACK._.ACCHASH.S_INGEST_0.ingest_0_3.1.42.40.1700000000000000000.0.RANDOM", ackFields{42, 1, 0}},
+		{"without the random token", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.18446744073709551615.3.1700000.12", ackFields{18446744073709551615, 7, 12}},
+		{"a token more", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.9.3.1700000.4.RANDOM.FUTURE", ackFields{9, 7, 4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			seq, n, ok := ackSequences(tt.subject)
-			if !ok || seq != tt.seq || n != tt.delivered {
-				t.Fatalf("ackSequences = %d, %d, %v; want stream sequence %d, delivered %d", seq, n, ok, tt.seq, tt.delivered)
+			got, ok := ackMetadata(tt.subject)
+			if !ok || got != tt.want {
+				t.Fatalf("ackMetadata = %+v, %v; want %+v", got, ok, tt.want)
 			}
 		})
 	}
 	for _, s := range []string{"", "_INBOX.x", "$JS.ACK.a.b.c", "$JS.ACK.S.C.x.1.2.3.4", "$JS.ACK.a.b.c.d.e.f.g.h.i.j"} {
-		if _, _, ok := ackSequences(s); ok {
-			t.Fatalf("ackSequences(%q) accepted a subject of another shape", s)
+		if _, ok := ackMetadata(s); ok {
+			t.Fatalf("ackMetadata(%q) accepted a subject of another shape", s)
 		}
 	}
 }

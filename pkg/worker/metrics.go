@@ -22,7 +22,8 @@ type metrics struct {
 	// do not pay.
 	settled         [Abandon + 1]prometheus.Counter
 	rowsWithheld    prometheus.Counter
-	rowsNaked       prometheus.Counter
+	drainNaks       prometheus.Counter
+	pendingRows     prometheus.Gauge
 	redeliveries    prometheus.Counter
 	takeovers       *prometheus.CounterVec
 	handoverSeconds prometheus.Histogram
@@ -46,8 +47,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Rows settled, by settlement (ack, nak, term, abandon)."}, []string{"settlement"}),
 		rowsWithheld: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_withheld_total",
 			Help: "Rows neither delivered nor settled because the claim was lost or the member fenced."}),
-		rowsNaked: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_drain_naked_total",
-			Help: "Rows nak'd unhandled because a handover's drain timed out."}),
+		drainNaks: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_drain_timeout_naks_total",
+			Help: "Rows nak'd unhandled, for the next owner, because a handover's drain timed out."}),
+		pendingRows: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardkeeper_worker_pending_rows",
+			Help: "Rows waiting in the consumers of the units this member pulls, as NATS reported with each unit's latest delivery (0 after a pull that brought none): the member's lag."}),
 		redeliveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_redeliveries_total",
 			Help: "Rows NATS delivered more than once (reset by a consumer RESET)."}),
 		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardkeeper_worker_takeovers_total",
@@ -64,7 +67,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.unitsHeld, m.fenced, m.fences, m.fencedSeconds, m.joins, m.renewFailures, m.rowsSettled,
-		m.rowsWithheld, m.rowsNaked, m.redeliveries, m.takeovers, m.handoverSeconds} {
+		m.rowsWithheld, m.drainNaks, m.pendingRows, m.redeliveries, m.takeovers, m.handoverSeconds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

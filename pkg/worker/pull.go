@@ -40,6 +40,9 @@ type puller struct {
 	// withheld counts rows neither delivered nor settled because the
 	// claim was lost or the member fenced itself.
 	withheld atomic.Int64
+	// pending is what NATS said was left in the consumer with the latest
+	// row (0 after a pull that brought none), for the lag gauge.
+	pending atomic.Int64
 }
 
 // processStart anchors the pullers' activity clock.
@@ -174,6 +177,8 @@ func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 	p.lastFetch.Store(sinceStart())
 	if rows > 0 {
 		p.lastRows.Store(sinceStart())
+	} else if batch.Error() == nil {
+		p.pending.Store(0)
 	}
 	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
 	return batch.Error()
@@ -230,7 +235,7 @@ func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
 	err := msg.Nak()
 	p.record(history.Record{Kind: history.KindNak, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
 		NumDelivered: row.NumDelivered, Detail: errDetail(err, "drain timed out"), Start: at, End: history.Now()})
-	p.w.metrics.rowsNaked.Inc()
+	p.w.metrics.drainNaks.Inc()
 }
 
 // settle applies the handler's verdict after checking the claim again.
@@ -263,8 +268,9 @@ func (p *puller) withhold(row Row, at int64, why string) {
 // row builds the Handler's view of msg.
 func (p *puller) row(msg jetstream.Msg) Row {
 	row := Row{Unit: p.unit, Token: p.token, Subject: msg.Subject(), Data: msg.Data(), Headers: msg.Headers()}
-	if seq, n, ok := ackSequences(msg.Reply()); ok {
-		row.StreamSeq, row.NumDelivered = seq, n
+	if md, ok := ackMetadata(msg.Reply()); ok {
+		row.StreamSeq, row.NumDelivered = md.streamSeq, md.delivered
+		p.pending.Store(int64(md.pending))
 	}
 	return row
 }

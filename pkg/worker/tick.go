@@ -56,6 +56,13 @@ func (w *Worker) tick(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.metrics.unitsHeld.Set(float64(len(w.held)))
+	var pending int64
+	for _, h := range w.held {
+		if h.puller != nil {
+			pending += h.puller.pending.Load()
+		}
+	}
+	w.metrics.pendingRows.Set(float64(pending))
 	w.mu.Unlock()
 	return nil
 }

@@ -149,8 +149,8 @@ func (w *world) createStatefulSet(replicas int32, env map[string]string) {
 	c := &sts.Spec.Template.Spec.Containers[0]
 	c.Image = w.image
 	adapted := map[string]string{
-		"NATS_URL":             natstest.UserURL(w.natsURLs()[0], natstest.AppUser, natstest.AppPassword),
-		"NATS_CREDS":           "",
+		"NATS_URL":   natstest.UserURL(w.natsURLs()[0], natstest.AppUser, natstest.AppPassword),
+		"NATS_CREDS": "",
 	}
 	maps.Copy(adapted, env)
 	setEnv(c, adapted)

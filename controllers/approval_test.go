@@ -1,0 +1,141 @@
+package controllers_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/plugintest"
+	"github.com/shardkeeper/shardkeeper/internal/plugin/status"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
+)
+
+// writeKubeconfig writes a kubeconfig reaching the test API server as an
+// administrator.
+func writeKubeconfig(t *testing.T) string {
+	t.Helper()
+	kc, err := kubetest.Kubeconfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Under spec.rollout.approval: Manual a change of V is planned and
+// published in status.plan, but nothing is frozen until the approve
+// annotation carries the plan's hash. An approval of a plan that changed
+// since it was read (here: a member joined, so units move differently) is
+// refused with a reason and an Event; the approval of the current plan
+// rolls the change out, and the finished rollout leaves a record.
+// checks P2, checks P7
+func TestManualApprovalWaitsRefusesAStaleHashAndProceedsOnTheCurrentOne(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 2, shards: 4})
+	f.topo.Spec.Rollout.Approval = topologyv1.ApprovalManual
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "w-0", false)
+	f.waitReady(60 * time.Second) // the first epoch needs no approval
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 8 })
+	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		p := o.Status.Plan
+		if o.Status.Phase != topologyv1.PhaseAwaitingApproval || p == nil || p.State != topologyv1.PlanProposalReady || o.Status.ObservedGeneration != o.Generation {
+			return fmt.Errorf("phase %s plan %+v, want AwaitingApproval with a ProposalReady plan", o.Status.Phase, p)
+		}
+		return nil
+	})
+	stale := st.Status.Plan
+	if stale.UnitsAdded != 8 || stale.UnitsRemoved != 0 || stale.To.ShardsPerPartition != 8 || len(stale.Pods) != 1 || stale.EstimatedDuration == nil || len(stale.Hash) != 16 {
+		t.Fatalf("plan %+v: want 8 units added over one pod, an estimate and a 16-digit hash", stale)
+	}
+	wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonAwaitingApproval)
+	waitEvent(t, f.ns, "PlanProposed", stale.Hash)
+	// Nothing is frozen while the plan waits.
+	consistently(t, 2*time.Second, func() error {
+		if s := f.snapshot(); s.Pending != nil || s.Active == nil || s.Active.Number != 1 {
+			return fmt.Errorf("registry moved before approval: active %+v pending %+v", s.Active, s.Pending)
+		}
+		return nil
+	})
+
+	// A second member joins: the plan the person read is no longer the
+	// one that would run.
+	startSimWorker(t, f.reg, f.key(), "w-1", false)
+	st = f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if p := o.Status.Plan; p == nil || p.Hash == stale.Hash || len(p.Pods) != 2 {
+			return fmt.Errorf("plan %+v, want a new plan over two pods", p)
+		}
+		return nil
+	})
+	current := st.Status.Plan.Hash
+
+	f.update(func(o *topologyv1.ShardTopology) {
+		if o.Annotations == nil {
+			o.Annotations = map[string]string{}
+		}
+		o.Annotations[topologyv1.ApproveAnnotation] = stale.Hash
+	})
+	st = f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if c := meta.FindStatusCondition(o.Status.Conditions, topologyv1.ConditionReady); c == nil || c.Reason != topologyv1.ReasonApprovalRefused {
+			return fmt.Errorf("Ready %+v, want reason ApprovalRefused", c)
+		}
+		return nil
+	})
+	c := wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonApprovalRefused)
+	if !strings.Contains(c.Message, stale.Hash) || !strings.Contains(c.Message, current) {
+		t.Fatalf("refusal %q names neither the stale hash %s nor the current %s", c.Message, stale.Hash, current)
+	}
+	waitEvent(t, f.ns, "ApprovalRefused", stale.Hash)
+	consistently(t, 2*time.Second, func() error {
+		if s := f.snapshot(); s.Pending != nil || s.Active.Number != 1 {
+			return errors.New("a stale approval started the change")
+		}
+		return nil
+	})
+
+	// kubectl shardkeeper status -w follows the approved change to Ready,
+	// through a kubeconfig as a person would run it (README shows this
+	// output).
+	kubeconfig := writeKubeconfig(t)
+	watched := make(chan plugintest.Result, 1)
+	go func() {
+		watched <- plugintest.RunWith(kubeconfig, status.NewCmd, "status", "ingest", "-n", f.ns, "-w", "--timeout", "90s")
+	}()
+	f.update(func(o *topologyv1.ShardTopology) { o.Annotations[topologyv1.ApproveAnnotation] = current })
+	waitEvent(t, f.ns, "PlanApproved", current)
+	r := <-watched
+	t.Logf("kubectl shardkeeper status ingest -w (exit %d):\n%s", r.Code(), r.Out)
+	if r.Code() != 0 || !strings.Contains(r.Out, "Ready") {
+		t.Fatalf("status -w: exit %d (%v)", r.Code(), r.Error)
+	}
+	st = f.waitStatus(10*time.Second, func(o *topologyv1.ShardTopology) error {
+		if a := o.Status.ActiveEpoch; a == nil || a.Number != 2 || a.ShardsPerPartition != 8 || o.Status.Phase != topologyv1.PhaseReady {
+			return fmt.Errorf("phase %s active %+v, want Ready at epoch 2 (2x8)", o.Status.Phase, a)
+		}
+		return nil
+	})
+	last := st.Status.LastRollout
+	if last == nil || last.Kind != topologyv1.RolloutKindTopology || last.Result != topologyv1.RolloutSucceeded ||
+		last.From != "epoch 1 (2x4)" || last.To != "epoch 2 (2x8)" || last.PlanHash != current || last.Duration == nil {
+		t.Fatalf("last rollout %+v", last)
+	}
+	if st.Status.Plan != nil || st.Status.Rollout != nil {
+		t.Fatalf("plan %+v rollout %+v left after the change", st.Status.Plan, st.Status.Rollout)
+	}
+	// The annotation still names the plan rolled out: that approves
+	// nothing new and is not stale.
+	wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionTrue, topologyv1.ReasonReady)
+}
