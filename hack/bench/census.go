@@ -112,21 +112,21 @@ func measureCensusSize(ctx context.Context, e *env, app, sys *nats.Conn, l natso
 		}
 		s.times = append(s.times, d)
 	}
-	jsz, err := probeJSZ(ctx, sys, 3)
+	jsz, err := probeJSZ(ctx, sys, 3, fmt.Sprintf(`{"account":%q,"streams":true,"consumer":true}`, natstest.AppAccount))
 	s.jsz = jsz
 	return s, err
 }
 
-// jszProbe is how long each server took to answer the census's JSZ
-// request (account, streams and consumers), with no deadline but a
-// minute, and how big the answers were.
+// jszProbe is how long the servers took to answer a census's JSZ
+// request (body), with no deadline but a minute, and how big the answers
+// were.
 type jszProbe struct {
 	slowest time.Duration
 	bytes   int
 	replies int
 }
 
-func probeJSZ(ctx context.Context, sys *nats.Conn, servers int) (jszProbe, error) {
+func probeJSZ(ctx context.Context, sys *nats.Conn, servers int, body string) (jszProbe, error) {
 	var p jszProbe
 	inbox := sys.NewRespInbox()
 	sub, err := sys.SubscribeSync(inbox)
@@ -134,7 +134,6 @@ func probeJSZ(ctx context.Context, sys *nats.Conn, servers int) (jszProbe, error
 		return p, err
 	}
 	defer sub.Unsubscribe()
-	body := fmt.Sprintf(`{"account":%q,"streams":true,"consumer":true}`, natstest.AppAccount)
 	start := time.Now()
 	if err := sys.PublishRequest("$SYS.REQ.SERVER.PING.JSZ", inbox, []byte(body)); err != nil {
 		return p, err

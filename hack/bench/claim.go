@@ -81,8 +81,8 @@ func (f *claimFixture) result(batch []time.Duration, batchTrips []int64, each ti
 		},
 	}
 	if r.verdict == missed {
-		r.why = []string{fmt.Sprintf("a batch took %d round trips of %s; at least %d per-unit round trips are needed per batch round trip for 100x",
-			batchTrips[len(batchTrips)/2], 2*pgLatency, 100)}
+		r.why = []string{fmt.Sprintf("a batch took %d round trips of %s; 100x needs 100 per-unit round trips per batch round trip; this process's CPU while it ran:",
+			batchTrips[len(batchTrips)/2], 2*pgLatency)}
 		r.profile = prof.top(15)
 	}
 	return r

@@ -80,7 +80,7 @@ func printDetails(w io.Writer, rs []result) {
 			fmt.Fprintf(w, "   why: %s\n", y)
 		}
 		if len(r.profile) > 0 {
-			fmt.Fprintln(w, "   CPU profile while it ran (go tool pprof -top):")
+			fmt.Fprintln(w, "   profile (go tool pprof -top; the why above says which):")
 			for _, l := range r.profile {
 				fmt.Fprintf(w, "     %s\n", l)
 			}

@@ -398,5 +398,6 @@ func rolloutWhy(batched []rolloutRound, goal time.Duration) []string {
 		fmt.Sprintf("Activate->owned took %s against %s", ms(r.activate), ms(goal)),
 		fmt.Sprintf("a worker's first claim landed %s after the activation (its next tick), its last %s after its first; the last claim of all at %s (registry clock)",
 			ms(r.spread.firstMedian), ms(r.spread.spanMedian), ms(r.spread.last)),
+		"this process's CPU over the row (16 workers, their pullers and the bench):",
 	}
 }
