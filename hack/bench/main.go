@@ -20,6 +20,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // benchRow is one benchmark of the table.
@@ -44,6 +47,9 @@ func main() {
 	flag.StringVar(&o.profiles, "profiles", "", "directory for CPU profiles (default: a temporary directory, kept)")
 	flag.BoolVar(&o.verbose, "v", false, "log progress in detail")
 	flag.Parse()
+	// envtest logs through controller-runtime; without a logger it prints
+	// a stack trace instead.
+	log.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o); err != nil {
