@@ -74,7 +74,7 @@ func (f *claimFixture) result(batch []time.Duration, batchTrips []int64, each ti
 		baseline: fmt.Sprintf("Claim per unit %s (%d round trips)", ms(each), eachTrips),
 		ratio:    fmt.Sprintf("%.0fx", ratio), goal: ">= 100x", verdict: judge(ratio >= 100),
 		notes: []string{
-			fmt.Sprintf("ClaimMany of all %d units, %d rounds: %s (median); round trips counted by the proxy: %v",
+			fmt.Sprintf("ClaimMany of all %d units, %d rounds: %s (the table shows their median); round trips counted by the proxy: %v",
 				claimUnits, claimRounds, durations(batch), batchTrips),
 			fmt.Sprintf("per unit: %d units one Claim at a time in each round, alternating with the batches; the %d rounds add up to all %d units",
 				claimUnits/claimRounds, claimRounds, claimUnits),
