@@ -50,6 +50,11 @@ test: deps vet ## Run every test, building and starting what they need.
 chaos: deps ## Run every chaos scenario (test/chaos) and print their summary table; make test runs only the CI subset.
 	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" SHARDKEEPER_CHAOS=all go test -count=1 -timeout 120m -v -run TestChaos ./test/chaos/
 
+.PHONY: bench
+bench: deps ## Run the benchmarks of design.md section 10 (hack/bench) and print every row with its ratio; ROWS=a,c picks rows.
+	hack/nats-servers.sh v2.14.9 >/dev/null
+	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./hack/bench -rows "$${ROWS:-a,b,c,d,e}"
+
 .PHONY: demo
 demo: deps ## Run the demo: a local control plane, the operator and the sample.
 	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./cmd/shardkeeper-demo

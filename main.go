@@ -56,6 +56,8 @@ func parseFlags(args []string, getenv func(string) string, output io.Writer) (op
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", true, "serve metrics over HTTPS, only to callers the API server authenticates and authorizes for GET /metrics; false serves plain HTTP to anyone")
 	fs.BoolVar(&o.EnableHTTP2, "enable-http2", false, "let the metrics server speak HTTP/2 (off: HTTP/2 rapid-reset attacks, CVE-2023-44487)")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "address the /healthz and /readyz endpoints bind to")
+	fs.BoolVar(&o.FullSecretCache, "full-secret-cache", false, "cache every Secret with its data, as the operator did before its metadata-only Secret watch; for measuring what that watch saves (hack/bench), not for deployments")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "0", "address net/http/pprof binds to, for profiling a running operator; 0 disables it")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", false, "elect a leader so that only one replica reconciles at a time")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "shardkeeper.topology.shardkeeper.dev", "name of the leader election Lease")

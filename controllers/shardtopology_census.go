@@ -197,11 +197,18 @@ func (s *scope) pendingRows(c *natsops.Census) *pendingRows {
 	}
 	active := epochTopology(s.snap.Active)
 	l := layoutFor(&s.topo.Spec, active)
-	p := &pendingRows{at: c.TakenAt.Add(s.regOffset), units: map[string]uint64{}}
+	// An index, not c.Consumer per unit: that scans every placement, which
+	// at 4096 units made this loop quadratic.
+	found := make(map[natsops.ConsumerRef]uint64, len(c.Consumers))
+	for _, cp := range c.Consumers {
+		if cp.Found {
+			found[cp.ConsumerRef] = cp.Pending
+		}
+	}
+	p := &pendingRows{at: c.TakenAt.Add(s.regOffset), units: make(map[string]uint64, active.Len())}
 	for _, u := range active.Units() {
-		ref := l.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard})
-		if cp, ok := c.Consumer(ref.Stream, ref.Name); ok && cp.Found {
-			p.units[u.String()] = cp.Pending
+		if n, ok := found[l.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard})]; ok {
+			p.units[u.String()] = n
 		}
 	}
 	return p

@@ -46,7 +46,11 @@ type ShardTopologyReconciler struct {
 	// API server, so that no informer caches every Secret or pod of the
 	// cluster; nil means Client.
 	APIReader client.Reader
-	Recorder  events.EventRecorder
+	// SecretReader reads the Secrets the spec names; nil means APIReader.
+	// Only the --full-secret-cache comparison sets it (to the cached
+	// client).
+	SecretReader client.Reader
+	Recorder     events.EventRecorder
 	// Conns caches registry and NATS connections per topology; nil means
 	// a cache private to this reconciler.
 	Conns *Connections
@@ -160,6 +164,14 @@ func (r *ShardTopologyReconciler) conns() *Connections {
 	return r.ownConns
 }
 
+// secretReader reads the Secrets the spec names.
+func (r *ShardTopologyReconciler) secretReader() client.Reader {
+	if r.SecretReader != nil {
+		return r.SecretReader
+	}
+	return r.reader()
+}
+
 func (r *ShardTopologyReconciler) reader() client.Reader {
 	if r.APIReader != nil {
 		return r.APIReader
@@ -245,6 +257,10 @@ type SetupOptions struct {
 	// SkipNameValidation lets several managers in one process (tests)
 	// register a controller of the same name.
 	SkipNameValidation bool
+	// FullSecretCache watches Secrets as full objects, as the operator
+	// did before the metadata-only watch, for hack/bench's comparison
+	// (operator.Options.FullSecretCache).
+	FullSecretCache bool
 }
 
 // SetupWithManager registers the reconciler and its watches: ShardTopology
@@ -267,12 +283,16 @@ func (r *ShardTopologyReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 		return fmt.Errorf("index %s: %w", indexStatefulSet, err)
 	}
 	skip := o.SkipNameValidation
+	// Metadata only: the cache holds the names of the Secrets, never their
+	// data; checkSecrets reads the few it needs uncached.
+	secretWatch := []builder.WatchesOption{builder.OnlyMetadata}
+	if o.FullSecretCache {
+		secretWatch = nil
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&topologyv1.ShardTopology{}).
-		// Metadata only: the cache holds the names of the Secrets, never
-		// their data; checkSecrets reads the few it needs uncached.
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexSecretRefs)), builder.OnlyMetadata).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexSecretRefs)), secretWatch...).
 		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexStatefulSet))).
 		WithOptions(controller.Options{
 			// Topologies are independent; one waiting on a slow NATS

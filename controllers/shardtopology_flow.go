@@ -84,62 +84,98 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 		return f
 	}
 	now, window, bound := snap.Now, flowWindow(snap.Params), stallBound(snap.Params)
-	fresh := func(r poolctl.ActivityReport) bool { return now.Sub(r.ReportedAt) <= window }
-	pulled := func(r poolctl.ActivityReport) bool { return !r.LastFetch.IsZero() && now.Sub(r.LastFetch) <= window }
-
-	pullers := map[string]map[string]bool{}
-	for _, r := range reports {
-		if fresh(r) && pulled(r) {
-			if pullers[r.Unit] == nil {
-				pullers[r.Unit] = map[string]bool{}
-			}
-			pullers[r.Unit][fmt.Sprintf("%s/%d", r.Member, r.Incarnation)] = true
-		}
-	}
-	for _, ms := range pullers {
-		if len(ms) >= 2 {
-			f.multiplyOwned++
-		}
-	}
-
+	fresh := func(r *poolctl.ActivityReport) bool { return now.Sub(r.ReportedAt) <= window }
+	f.multiplyOwned = multiplyPulled(reports, func(r *poolctl.ActivityReport) bool {
+		return fresh(r) && !r.LastFetch.IsZero() && now.Sub(r.LastFetch) <= window
+	})
 	if snap.Active == nil {
 		return f
 	}
-	// The owner's current incarnation's latest report of each unit.
-	latest := map[string]poolctl.ActivityReport{}
-	for _, r := range reports {
-		m := snap.Member(r.Member)
-		if m == nil || m.Incarnation != r.Incarnation {
+	latest := latestReports(snap, reports)
+	owners := ownedBy(snap, claims)
+	for _, u := range epochTopology(snap.Active).Units() {
+		unit := u.String()
+		owner := owners[unit]
+		if owner == "" {
 			continue
 		}
-		k := r.Unit + "/" + r.Member
+		r, ok := latest[memberUnit{unit: unit, member: owner}]
+		var why string
+		switch {
+		case !ok:
+			why = "no activity report"
+		case !fresh(r):
+			why = fmt.Sprintf("last activity report %s ago", now.Sub(r.ReportedAt).Round(time.Second))
+		default:
+			c := censusBefore(pending, r.ReportedAt.Add(-bound))
+			if n := pendingAt(c, unit); n > 0 && (r.LastRows.IsZero() || r.LastRows.Before(c.at.Add(-clockSlack))) {
+				why = fmt.Sprintf("%d rows pending at the census %s ago, none received since", n, now.Sub(c.at).Round(time.Second))
+			}
+		}
+		if why != "" {
+			f.stalled = append(f.stalled, stalledUnit{unit: unit, owner: owner, why: why})
+		}
+	}
+	return f
+}
+
+// memberUnit keys reports by unit and member. Struct keys rather than
+// formatted strings: at 4096 units the formatting was most of what a
+// reconcile allocated.
+type memberUnit struct{ unit, member string }
+
+// multiplyPulled counts units that two or more incarnations report
+// pulling (counted reports only).
+func multiplyPulled(reports []poolctl.ActivityReport, counted func(*poolctl.ActivityReport) bool) int {
+	type puller struct {
+		memberUnit
+		incarnation int64
+	}
+	seen := make(map[puller]bool, len(reports))
+	perUnit := make(map[string]int, len(reports))
+	n := 0
+	for i := range reports {
+		r := &reports[i]
+		k := puller{memberUnit{r.Unit, r.Member}, r.Incarnation}
+		if !counted(r) || seen[k] {
+			continue
+		}
+		seen[k] = true
+		if perUnit[r.Unit]++; perUnit[r.Unit] == 2 {
+			n++
+		}
+	}
+	return n
+}
+
+// latestReports is, for each unit and member, the latest report of the
+// member's current incarnation.
+func latestReports(snap *poolctl.Snapshot, reports []poolctl.ActivityReport) map[memberUnit]*poolctl.ActivityReport {
+	current := make(map[string]int64, len(snap.Members))
+	for _, m := range snap.Members {
+		current[m.Name] = m.Incarnation
+	}
+	latest := make(map[memberUnit]*poolctl.ActivityReport, len(reports))
+	for i := range reports {
+		r := &reports[i]
+		if inc, ok := current[r.Member]; !ok || inc != r.Incarnation {
+			continue
+		}
+		k := memberUnit{r.Unit, r.Member}
 		if old, ok := latest[k]; !ok || r.ReportedAt.After(old.ReportedAt) {
 			latest[k] = r
 		}
 	}
-	owners := ownedBy(snap, claims)
-	for _, u := range epochTopology(snap.Active).Units() {
-		owner := owners[u.String()]
-		if owner == "" {
-			continue
-		}
-		r, ok := latest[u.String()+"/"+owner]
-		stall := func(format string, args ...any) {
-			f.stalled = append(f.stalled, stalledUnit{unit: u.String(), owner: owner, why: fmt.Sprintf(format, args...)})
-		}
-		switch {
-		case !ok:
-			stall("no activity report")
-		case !fresh(r):
-			stall("last activity report %s ago", now.Sub(r.ReportedAt).Round(time.Second))
-		default:
-			c := censusBefore(pending, r.ReportedAt.Add(-bound))
-			if c != nil && c.units[u.String()] > 0 && (r.LastRows.IsZero() || r.LastRows.Before(c.at.Add(-clockSlack))) {
-				stall("%d rows pending at the census %s ago, none received since", c.units[u.String()], now.Sub(c.at).Round(time.Second))
-			}
-		}
+	return latest
+}
+
+// pendingAt is the rows census c counted pending in unit's consumer (0
+// without a census).
+func pendingAt(c *pendingRows, unit string) uint64 {
+	if c == nil {
+		return 0
 	}
-	return f
+	return c.units[unit]
 }
 
 // censusBefore is the latest census taken at or before t, or nil.

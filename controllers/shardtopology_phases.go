@@ -243,7 +243,7 @@ func checkSecrets(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ct
 		sec := s.secrets[ref.name]
 		if sec == nil {
 			sec = &corev1.Secret{}
-			err := r.reader().Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
+			err := r.secretReader().Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
 			switch {
 			case apierrors.IsNotFound(err):
 				s.stall = &StallError{Reason: topologyv1.ReasonSecretNotFound, Field: ref.field,
@@ -470,11 +470,11 @@ func epochTopology(e *poolctl.Epoch) ownership.Topology {
 // whose owner's lease lapsed is not a valid claim: its unit is unowned
 // until someone adopts it.
 func ownedBy(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo) map[string]string {
-	live := map[string]bool{}
+	live := make(map[string]bool, len(snap.Members))
 	for _, m := range snap.LiveMembers() {
 		live[m.Name] = true
 	}
-	out := map[string]string{}
+	out := make(map[string]string, len(claims))
 	for u, c := range claims {
 		if c.State != poolctl.StateFree && live[c.Owner] {
 			out[u] = c.Owner

@@ -47,6 +47,9 @@ type Options struct {
 	EnableHTTP2 bool
 	// ProbeAddr is where /healthz and /readyz bind; "0" disables them.
 	ProbeAddr string
+	// PprofAddr is where net/http/pprof binds, for profiling a running
+	// operator; empty or "0" disables it.
+	PprofAddr string
 	// LeaderElect makes replicas elect one leader that reconciles.
 	LeaderElect bool
 	// LeaderElectionNamespace holds the Lease; empty means the pod's own.
@@ -75,6 +78,13 @@ type Options struct {
 	// SkipControllerNameValidation lets tests run several managers in one
 	// process.
 	SkipControllerNameValidation bool
+	// FullSecretCache restores how the operator cached Secrets before the
+	// metadata-only watch: every Secret of the watched namespaces, data
+	// included, in a full informer that Secret reads go through. It exists
+	// so that hack/bench can measure, in the same run, what the
+	// metadata-only watch saves (--full-secret-cache); a deployment has no
+	// reason to set it.
+	FullSecretCache bool
 }
 
 // NewScheme returns a scheme with every type the operator reads or writes.
@@ -113,10 +123,11 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 			// cluster, for the few the topologies name. Secrets are
 			// watched metadata-only (SetupWithManager); Pods are listed
 			// only while a roll needs them.
-			DisableFor: []client.Object{&corev1.Secret{}, &corev1.Pod{}},
+			DisableFor: uncachedReads(o),
 		}},
 		Metrics:                 metricsOptions(o),
 		HealthProbeBindAddress:  o.ProbeAddr,
+		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectionNamespace,
@@ -139,7 +150,11 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 		CensusInterval:  o.CensusInterval,
 		RegistryTimeout: o.RegistryTimeout,
 	}
-	if err := r.SetupWithManager(ctx, mgr, controllers.SetupOptions{SkipNameValidation: o.SkipControllerNameValidation}); err != nil {
+	if o.FullSecretCache {
+		r.SecretReader = mgr.GetClient()
+	}
+	setup := controllers.SetupOptions{SkipNameValidation: o.SkipControllerNameValidation, FullSecretCache: o.FullSecretCache}
+	if err := r.SetupWithManager(ctx, mgr, setup); err != nil {
 		return nil, fmt.Errorf("set up %s controller: %w", controllers.ControllerName, err)
 	}
 	// Close the registry pools and NATS connections when the manager stops.
@@ -174,6 +189,16 @@ func nonZero(d time.Duration) *time.Duration {
 // metricsOptions serves metrics the way kubebuilder v4 does: with
 // MetricsSecure, HTTPS and the authentication and authorization filter;
 // HTTP/2 only when asked for.
+// uncachedReads are the kinds the manager's client reads from the API
+// server rather than from an informer: Secrets (unless FullSecretCache)
+// and Pods.
+func uncachedReads(o Options) []client.Object {
+	if o.FullSecretCache {
+		return []client.Object{&corev1.Pod{}}
+	}
+	return []client.Object{&corev1.Secret{}, &corev1.Pod{}}
+}
+
 func metricsOptions(o Options) metricsserver.Options {
 	m := metricsserver.Options{BindAddress: o.MetricsAddr, SecureServing: o.MetricsSecure}
 	if o.MetricsSecure {

@@ -13,7 +13,8 @@ import (
 
 // handOverUnits hands units over: every puller drains in parallel
 // (bounded by the drain timeout), every consumer is UNPINned with bounded
-// concurrency, and every release goes out in one statement.
+// concurrency, and every release goes out in one statement (ClaimBatch
+// per statement when set).
 func (w *Worker) handOverUnits(ctx context.Context, units []ownership.Unit) error {
 	if len(units) == 0 {
 		return nil
@@ -41,21 +42,30 @@ func (w *Worker) handOverUnits(ctx context.Context, units []ownership.Unit) erro
 	if len(tokens) == 0 {
 		return nil
 	}
-	qctx, cancel := w.queryCtx(ctx)
-	defer cancel()
-	errs, err := w.reg.ReleaseMany(qctx, tokens)
-	if err != nil {
-		return fmt.Errorf("release %d units: %w", len(tokens), err)
-	}
+	return w.release(ctx, tokens, start)
+}
+
+// release gives tokens up, all in one registry call (ClaimBatch per call
+// when set), and forgets each one the registry released or that was no
+// longer this member's. start is when the handover began, for the metric.
+func (w *Worker) release(ctx context.Context, tokens []poolctl.Token, start time.Time) error {
 	var failed []error
-	for i, t := range tokens {
-		if errs[i] != nil && !errors.Is(errs[i], poolctl.ErrStaleEpoch) {
-			failed = append(failed, fmt.Errorf("release %s: %w", t.Unit, errs[i]))
-			continue
+	for _, batch := range inBatches(tokens, w.opts.ClaimBatch) {
+		qctx, cancel := w.queryCtx(ctx)
+		errs, err := w.reg.ReleaseMany(qctx, batch)
+		cancel()
+		if err != nil {
+			return errors.Join(append(failed, fmt.Errorf("release %d units: %w", len(batch), err))...)
 		}
-		w.forget(t)
-		w.metrics.handoverSeconds.Observe(time.Since(start).Seconds())
-		w.log.V(1).Info("Handed over", "unit", t.Unit, "epoch", t.Epoch)
+		for i, t := range batch {
+			if errs[i] != nil && !errors.Is(errs[i], poolctl.ErrStaleEpoch) {
+				failed = append(failed, fmt.Errorf("release %s: %w", t.Unit, errs[i]))
+				continue
+			}
+			w.forget(t)
+			w.metrics.handoverSeconds.Observe(time.Since(start).Seconds())
+			w.log.V(1).Info("Handed over", "unit", t.Unit, "epoch", t.Epoch)
+		}
 	}
 	return errors.Join(failed...)
 }
@@ -94,16 +104,19 @@ func (w *Worker) forget(t poolctl.Token) {
 	}
 }
 
-// forEachBounded runs f for every unit, at most TakeoverConcurrency at a
-// time, and returns when all are done.
+// forEachBounded runs f for every unit in parallel, and returns when all
+// are done. It shares the takeover slots with the pullers' first UNPIN and
+// RESET, so TakeoverConcurrency bounds every such request in flight, not
+// each path's own: a tick that hands units over while new holders start
+// never doubles the load on the servers.
 func (w *Worker) forEachBounded(units []ownership.Unit, f func(ownership.Unit)) {
-	sem := make(chan struct{}, w.opts.TakeoverConcurrency)
+	slots := w.takeoverSlots()
 	var wg sync.WaitGroup
 	for _, u := range units {
 		wg.Add(1)
-		sem <- struct{}{}
+		slots <- struct{}{}
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer func() { <-slots; wg.Done() }()
 			f(u)
 		}()
 	}

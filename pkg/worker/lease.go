@@ -173,6 +173,7 @@ func (w *Worker) setLease(l poolctl.Lease, sent time.Time) {
 	w.lease = &l
 	w.renewedAt = sent
 	w.fenceAt = sent.Add(l.TTL - margin)
+	w.fenceDue = w.fenceAt.Sub(processStart)
 	if w.watchdog == nil {
 		w.watchdog = time.AfterFunc(time.Until(w.fenceAt), w.onWatchdog)
 	} else {

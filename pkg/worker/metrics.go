@@ -10,13 +10,17 @@ import (
 // metrics are the worker's Prometheus series, all prefixed
 // shardkeeper_worker_.
 type metrics struct {
-	unitsHeld       prometheus.Gauge
-	fenced          prometheus.Gauge
-	fences          prometheus.Counter
-	fencedSeconds   prometheus.Counter
-	joins           prometheus.Counter
-	renewFailures   prometheus.Counter
-	rowsSettled     *prometheus.CounterVec
+	unitsHeld     prometheus.Gauge
+	fenced        prometheus.Gauge
+	fences        prometheus.Counter
+	fencedSeconds prometheus.Counter
+	joins         prometheus.Counter
+	renewFailures prometheus.Counter
+	rowsSettled   *prometheus.CounterVec
+	// settled holds rowsSettled's child per Settlement, looked up once:
+	// hashing the label on every row is a per-row cost plain consumers
+	// do not pay.
+	settled         [Abandon + 1]prometheus.Counter
 	rowsWithheld    prometheus.Counter
 	drainNaks       prometheus.Counter
 	pendingRows     prometheus.Gauge
@@ -56,6 +60,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
 	}
 	m.fenced.Set(1) // until the first lease
+	for v := Ack; v <= Abandon; v++ {
+		m.settled[v] = m.rowsSettled.WithLabelValues(v.String())
+	}
 	if reg == nil {
 		return m, nil
 	}
@@ -70,4 +77,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// settledCounter is rowsSettled's child for v; a value outside the
+// Settlement constants counts as abandon, as settle treats it.
+func (m *metrics) settledCounter(v Settlement) prometheus.Counter {
+	if v < Ack || v > Abandon {
+		v = Abandon
+	}
+	return m.settled[v]
 }

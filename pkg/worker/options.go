@@ -57,9 +57,16 @@ type Options struct {
 	// a consumer on takeover (default 2m), measured at the moment of the
 	// RESET.
 	MaxCensusAge time.Duration
-	// TakeoverConcurrency bounds the UNPIN and RESET requests a tick sends
-	// at once (default 16).
+	// TakeoverConcurrency bounds the UNPIN and RESET requests the worker
+	// has in flight at once, handovers and new holders' pullers together
+	// (default 16).
 	TakeoverConcurrency int
+	// ClaimBatch caps the units of one registry claim or release call.
+	// The default, 0, puts all of a tick's claims in one call and all of
+	// its releases in another: a constant number of round trips whatever
+	// the unit count. It is a knob for benchmarks that compare that with
+	// one unit per call (1); a fleet has no reason to set it.
+	ClaimBatch int
 	// History, when set, receives a record of every pull, delivery,
 	// settlement, withheld row and RESET (package history), the evidence
 	// the history checker judges. Nil records nothing and costs nothing.
@@ -159,6 +166,9 @@ func (o *Options) validate() error {
 	}
 	if o.TakeoverConcurrency < 1 || o.TakeoverConcurrency > 1024 {
 		bad("TakeoverConcurrency", "must be 1..1024, got %d", o.TakeoverConcurrency)
+	}
+	if o.ClaimBatch < 0 {
+		bad("ClaimBatch", "must be 0 (all in one call) or positive, got %d", o.ClaimBatch)
 	}
 	return errors.Join(errs...)
 }

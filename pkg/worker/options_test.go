@@ -32,6 +32,8 @@ func TestBadOptionsAreRefusedNamingTheOption(t *testing.T) {
 		{"tiny fetch wait", func(o *Options) { o.FetchWait = time.Millisecond }, "FetchWait"},
 		{"negative drain timeout", func(o *Options) { o.DrainTimeout = -time.Second }, "DrainTimeout"},
 		{"negative fence margin", func(o *Options) { o.FenceMargin = -time.Second }, "FenceMargin"},
+		{"one unit per registry call", func(o *Options) { o.ClaimBatch = 1 }, ""},
+		{"negative claim batch", func(o *Options) { o.ClaimBatch = -1 }, "ClaimBatch"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

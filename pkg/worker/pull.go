@@ -128,9 +128,18 @@ func (p *puller) run() {
 // It reports false when the claim was lost meanwhile.
 func (p *puller) prepare() bool {
 	w := p.w
+	// A handover that stops a puller still waiting for a slot need not
+	// wait for its UNPIN: the handover UNPINs anyway, and every later
+	// holder too. A takeover waits, so its RESET is not lost.
+	var handedOver <-chan struct{}
+	if !p.takeover {
+		handedOver = p.stopFetch
+	}
 	select {
 	case w.takeoverSlots() <- struct{}{}:
 	case <-p.ctx.Done():
+		return false
+	case <-handedOver:
 		return false
 	}
 	defer func() { <-w.takeoverSlots() }()
@@ -199,13 +208,15 @@ func (p *puller) handle(msg jetstream.Msg, fetched int64) {
 		p.settleUnhandled(msg, row)
 		return
 	}
-	at := history.Now()
+	at := p.now()
 	if p.ctx.Err() != nil || !p.w.mayDeliver(p.unit, p.token) {
 		p.withhold(row, at, "claim lost or fenced before delivery")
 		return
 	}
-	p.record(history.Record{Kind: history.KindDeliver, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
-		NumDelivered: row.NumDelivered, Start: at, Fetch: fetched})
+	if p.recording() {
+		p.record(history.Record{Kind: history.KindDeliver, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
+			NumDelivered: row.NumDelivered, Start: at, Fetch: fetched})
+	}
 	if row.NumDelivered > 1 {
 		p.w.metrics.redeliveries.Inc()
 	}
@@ -229,19 +240,21 @@ func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
 
 // settle applies the handler's verdict after checking the claim again.
 func (p *puller) settle(msg jetstream.Msg, row Row, verdict Settlement) {
-	at := history.Now()
+	at := p.now()
 	if !p.w.mayDeliver(p.unit, p.token) {
 		p.withhold(row, at, "claim lost or fenced before settling")
 		return
 	}
 	err := settle(msg, verdict)
-	p.record(history.Record{Kind: settlementKind(verdict), RowID: p.rowID(row), StreamSeq: row.StreamSeq,
-		NumDelivered: row.NumDelivered, Detail: errDetail(err, ""), Start: at, End: history.Now()})
+	if p.recording() {
+		p.record(history.Record{Kind: settlementKind(verdict), RowID: p.rowID(row), StreamSeq: row.StreamSeq,
+			NumDelivered: row.NumDelivered, Detail: errDetail(err, ""), Start: at, End: history.Now()})
+	}
 	if err != nil {
 		p.w.log.V(1).Info("Settle failed", "unit", p.unit.String(), "settlement", verdict.String(), "error", err.Error())
 		return
 	}
-	p.w.metrics.rowsSettled.WithLabelValues(verdict.String()).Inc()
+	p.w.metrics.settledCounter(verdict).Inc()
 }
 
 // withhold counts and records a row this member may no longer act on.
@@ -255,11 +268,23 @@ func (p *puller) withhold(row Row, at int64, why string) {
 // row builds the Handler's view of msg.
 func (p *puller) row(msg jetstream.Msg) Row {
 	row := Row{Unit: p.unit, Token: p.token, Subject: msg.Subject(), Data: msg.Data(), Headers: msg.Headers()}
-	if md, err := msg.Metadata(); err == nil {
-		row.StreamSeq, row.NumDelivered = md.Sequence.Stream, md.NumDelivered
-		p.pending.Store(int64(md.NumPending))
+	if md, ok := ackMetadata(msg.Reply()); ok {
+		row.StreamSeq, row.NumDelivered = md.streamSeq, md.delivered
+		p.pending.Store(int64(md.pending))
 	}
 	return row
+}
+
+// recording reports whether a history recorder is set. Without one a row
+// costs no history clock reads and no records: only the P1 checks.
+func (p *puller) recording() bool { return p.w.opts.History != nil }
+
+// now is the history clock when recording, else 0.
+func (p *puller) now() int64 {
+	if !p.recording() {
+		return 0
+	}
+	return history.Now()
 }
 
 // rowID names row in the history; it costs nothing without a recorder.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -82,4 +83,44 @@ func settle(msg jetstream.Msg, s Settlement) error {
 	default:
 		return nil
 	}
+}
+
+// ackFields are what the SDK reads from a row's ack subject.
+type ackFields struct {
+	streamSeq, delivered, pending uint64
+}
+
+// ackMetadata reads a delivered row's stream sequence, delivery count and
+// the consumer's pending count from its ack reply subject, by the same
+// token positions as nats.go's parser ($JS.ACK.<stream>.<consumer>.
+// <delivered>.<sseq>.<cseq>.<time>.<pending> from older servers,
+// $JS.ACK.<domain>.<account hash>.<stream>.... from newer ones), but
+// nothing else: Msg.Metadata also parses and allocates every other
+// field, a cost on every row that a plain consumer need not pay. ok is
+// false for a subject of another shape.
+func ackMetadata(reply string) (f ackFields, ok bool) {
+	rest, found := strings.CutPrefix(reply, "$JS.ACK.")
+	if !found {
+		return f, false
+	}
+	skip := 2 // stream, consumer
+	switch n := strings.Count(reply, ".") + 1; {
+	case n == 9:
+	case n >= 11:
+		skip = 4 // domain, account hash, stream, consumer
+	default:
+		return f, false
+	}
+	var tok [5]string // delivered, sseq, cseq, time, pending
+	for range skip {
+		_, rest, _ = strings.Cut(rest, ".")
+	}
+	for i := range 5 {
+		tok[i], rest, _ = strings.Cut(rest, ".")
+	}
+	var errs [3]error
+	f.delivered, errs[0] = strconv.ParseUint(tok[0], 10, 64)
+	f.streamSeq, errs[1] = strconv.ParseUint(tok[1], 10, 64)
+	f.pending, errs[2] = strconv.ParseUint(tok[4], 10, 64)
+	return f, errs[0] == nil && errs[1] == nil && errs[2] == nil
 }

@@ -228,8 +228,8 @@ func (w *Worker) consumerHoldsRows(ctx context.Context, u ownership.Unit) bool {
 	return info.NumPending > 0 || info.NumAckPending > 0
 }
 
-// claim takes, in one registry call, every unit placed here that this
-// member does not hold, plus the retiring units placed here that nobody
+// claim takes, in one registry call (ClaimBatch units per call when set),
+// every unit placed here that this member does not hold, plus the retiring units placed here that nobody
 // drains, unless claims are frozen or the member is fenced. Adoptions and
 // re-homes are takeovers: their pullers lift the old pin (and RESET when
 // the census allows) before pulling.
@@ -252,12 +252,31 @@ func (w *Worker) claim(ctx context.Context, ts *tickState) error {
 	for i, u := range units {
 		names[i] = u.String()
 	}
+	var errs []error
+	for _, batch := range inBatches(names, w.opts.ClaimBatch) {
+		outs, err := w.claimUnits(ctx, ref, active.Number, batch)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		errs = append(errs, w.takeGranted(outs, active.Number)...)
+	}
+	return errors.Join(errs...)
+}
+
+// claimUnits is one registry call claiming names under the active epoch.
+func (w *Worker) claimUnits(ctx context.Context, ref poolctl.MemberRef, under int64, names []string) ([]poolctl.ClaimOutcome, error) {
 	qctx, cancel := w.queryCtx(ctx)
 	defer cancel()
-	outs, err := w.reg.ClaimMany(qctx, ref, active.Number, names)
+	outs, err := w.reg.ClaimMany(qctx, ref, under, names)
 	if err != nil {
-		return fmt.Errorf("claim %d units: %w", len(names), err)
+		return nil, fmt.Errorf("claim %d units: %w", len(names), err)
 	}
+	return outs, nil
+}
+
+// takeGranted starts delivering every unit the registry granted and
+// returns the refusals worth reporting.
+func (w *Worker) takeGranted(outs []poolctl.ClaimOutcome, under int64) []error {
 	var errs []error
 	for _, o := range outs {
 		switch {
@@ -267,10 +286,24 @@ func (w *Worker) claim(ctx context.Context, ts *tickState) error {
 		case o.Err != nil:
 			errs = append(errs, fmt.Errorf("claim %s: %w", o.Unit, o.Err))
 		default:
-			w.took(o.Claim, active.Number)
+			w.took(o.Claim, under)
 		}
 	}
-	return errors.Join(errs...)
+	return errs
+}
+
+// inBatches splits xs into runs of at most size; size 0 keeps xs whole.
+func inBatches[T any](xs []T, size int) [][]T {
+	if size <= 0 || size >= len(xs) {
+		return [][]T{xs}
+	}
+	out := make([][]T, 0, (len(xs)+size-1)/size)
+	for len(xs) > 0 {
+		n := min(size, len(xs))
+		out = append(out, xs[:n])
+		xs = xs[n:]
+	}
+	return out
 }
 
 // took records a claim the registry granted and starts its delivery.

@@ -38,6 +38,8 @@ type Worker struct {
 	wakeLease chan struct{}
 	// slots bounds concurrent UNPIN and RESET requests.
 	slots chan struct{}
+	// streams caches partition stream handles by name, for UNPIN.
+	streams sync.Map
 
 	mu sync.Mutex
 	// layout names streams and consumers and drain bounds handovers: from
@@ -46,7 +48,11 @@ type Worker struct {
 	drain   time.Duration
 	lease   *poolctl.Lease
 	fenceAt time.Time // monotonic: stop delivering at this instant (P5)
-	fenced  bool
+	// fenceDue is fenceAt as time since processStart: checking it takes
+	// one monotonic clock read, where time.Now reads the wall clock too,
+	// and delivery checks it twice per row.
+	fenceDue time.Duration
+	fenced   bool
 	// fenceGen counts this incarnation's local fences; the registry
 	// applies a Fence or Unfence only in generation order.
 	fenceGen int64
@@ -189,7 +195,7 @@ func (w *Worker) Ready() bool {
 // process's clock even if the watchdog has not run yet (a process resumed
 // after SIGSTOP runs its goroutines in any order). Callers hold w.mu.
 func (w *Worker) fencedLocked() bool {
-	return w.fenced || !time.Now().Before(w.fenceAt)
+	return w.fenced || time.Since(processStart) >= w.fenceDue
 }
 
 // isFenced is fencedLocked for callers without the lock.

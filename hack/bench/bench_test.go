@@ -1,0 +1,53 @@
+package main
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// The reconcile p99 of row e is read from controller-runtime's histogram
+// the way Prometheus's histogram_quantile reads it.
+func TestQuantileInterpolatesWithinTheBucket(t *testing.T) {
+	h := histogram{bounds: []float64{0.1, 0.2, 0.5, math.Inf(1)},
+		counts: map[float64]float64{0.1: 50, 0.2: 90, 0.5: 100, math.Inf(1): 100}, count: 100}
+	tests := []struct {
+		q    float64
+		want time.Duration
+		over bool
+	}{
+		{0.5, 100 * time.Millisecond, false},
+		{0.7, 150 * time.Millisecond, false},
+		{0.99, 470 * time.Millisecond, false},
+	}
+	for _, tt := range tests {
+		got, over := h.quantile(tt.q)
+		if over != tt.over || (got-tt.want).Abs() > time.Millisecond {
+			t.Errorf("quantile(%v) = %v (over %v), want %v", tt.q, got, over, tt.want)
+		}
+	}
+	h.counts[0.5], h.counts[math.Inf(1)], h.count = 95, 100, 100
+	if got, over := h.quantile(0.99); !over || got != 500*time.Millisecond {
+		t.Errorf("a quantile in the +Inf bucket = %v (over %v), want the last bound, flagged", got, over)
+	}
+}
+
+func TestReconcileHistogramLinesParse(t *testing.T) {
+	le, n, err := parseBucket(`controller_runtime_reconcile_time_seconds_bucket{controller="shardtopology",le="0.25"} 17`)
+	if err != nil || le != 0.25 || n != 17 {
+		t.Fatalf("parseBucket = %v, %v, %v", le, n, err)
+	}
+	le, _, err = parseBucket(`controller_runtime_reconcile_time_seconds_bucket{controller="shardtopology",le="+Inf"} 17`)
+	if err != nil || !math.IsInf(le, 1) {
+		t.Fatalf("+Inf bucket: %v, %v", le, err)
+	}
+}
+
+func TestHistogramDeltaCountsOnlyTheWindow(t *testing.T) {
+	before := histogram{bounds: []float64{0.1, math.Inf(1)}, counts: map[float64]float64{0.1: 5, math.Inf(1): 8}, count: 8}
+	after := histogram{bounds: []float64{0.1, math.Inf(1)}, counts: map[float64]float64{0.1: 15, math.Inf(1): 18}, count: 18}
+	d := after.minus(before)
+	if d.count != 10 || d.counts[0.1] != 10 {
+		t.Fatalf("delta %+v", d)
+	}
+}

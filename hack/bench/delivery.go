@@ -1,0 +1,392 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/worker"
+)
+
+// Row c: what the SDK costs per row. Two twin unit consumers ("a" and
+// "b": same stream, same filter, pinned priority group, as provisioned)
+// each receive every published row. pkg/worker (no-op handler, no history
+// recorder) drains one, and a plain nats.go pull consumer doing Fetch +
+// Ack drains the other, one after the other, both with the SDK's batch
+// size. A round is plain, SDK, SDK, plain (rows published before each
+// pair), so a drift in the load others put on this shared machine
+// cancels within it; rounds swap the twins. A side's rate is its rows
+// over the time from its first row to its consumer's ack floor reaching
+// the last. (Side by side would not do: both sides then share the
+// server fairly and run at the same rate whatever the SDK costs.) One
+// more SDK drain runs under the CPU profiler to name the per-row costs.
+
+const (
+	deliveryRows  = 100_000
+	deliveryBatch = 64 // the SDK's default FetchBatch
+	deliveryGoal  = 0.95
+	payloadBytes  = 128
+)
+
+var twins = [2]string{"a", "b"}
+
+// deliveryFixture is the twin consumers, the registry and a publisher.
+type deliveryFixture struct {
+	e    *env
+	url  string
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	reg  *worker.Registry
+	topo string
+}
+
+func runDelivery(ctx context.Context, e *env) ([]result, error) {
+	f, err := newDeliveryFixture(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	defer f.close()
+	var plain, sdk, ratios []float64
+	for i := range e.o.rounds {
+		p, s, err := f.round(ctx, twins[i%2], twins[1-i%2])
+		if err != nil {
+			return nil, fmt.Errorf("round %d: %w", i+1, err)
+		}
+		plain, sdk, ratios = append(plain, p), append(sdk, s), append(ratios, s/p)
+		e.say("c: round %d: plain %.0f rows/s, SDK %.0f rows/s (%.3fx)", i+1, p, s, s/p)
+	}
+	prof, err := f.profiledRound(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("profiled SDK round: %w", err)
+	}
+	return []result{deliveryResult(plain, sdk, ratios, prof)}, nil
+}
+
+// twinLayout is the one-unit layout of a twin consumer.
+func twinLayout(name string) natsops.Layout {
+	return natsops.Layout{SubjectPrefix: "delivery", ConsumerName: name, Partitions: 1, Shards: 1, Replicas: 1,
+		PinnedTTL: 2 * time.Minute, AckWait: 30 * time.Second}
+}
+
+func newDeliveryFixture(ctx context.Context, e *env) (*deliveryFixture, error) {
+	srv, err := e.natsServer("delivery")
+	if err != nil {
+		return nil, err
+	}
+	f := &deliveryFixture{e: e, url: appURL(srv), topo: "bench/delivery"}
+	if f.nc, err = nats.Connect(f.url, nats.Name("bench publisher")); err != nil {
+		return nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	if f.js, err = jetstream.New(f.nc); err != nil {
+		f.close()
+		return nil, err
+	}
+	for _, t := range twins {
+		if _, err := natsops.Provision(ctx, f.nc, twinLayout(t)); err != nil {
+			f.close()
+			return nil, fmt.Errorf("provision twin %s: %w", t, err)
+		}
+	}
+	dsn, err := e.database(ctx, "bench_delivery")
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	direct, err := poolctl.Open(ctx, poolctl.Config{DSN: dsn, MaxConns: 2})
+	if err != nil {
+		f.close()
+		return nil, fmt.Errorf("open registry: %w", err)
+	}
+	err = activateShape(ctx, direct, f.topo, poolctl.DefaultParams(), 1, 1)
+	direct.Close()
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.reg, err = worker.OpenRegistry(ctx, worker.RegistryConfig{DSN: dsn, MaxConns: 4}); err != nil {
+		f.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *deliveryFixture) close() {
+	if f.reg != nil {
+		f.reg.Close()
+	}
+	f.nc.Close()
+}
+
+// consumer looks up twin t's consumer.
+func (f *deliveryFixture) consumer(ctx context.Context, t string) (jetstream.Consumer, error) {
+	l := twinLayout(t)
+	return f.js.Consumer(ctx, l.StreamName(0), l.ConsumerDurable(0, 0))
+}
+
+// round runs plain, SDK, SDK, plain: the SDK drains twin sdkTwin, the
+// plain consumer plainTwin, each pair after one publish. It returns each
+// side's mean rate.
+func (f *deliveryFixture) round(ctx context.Context, sdkTwin, plainTwin string) (plain, sdk float64, err error) {
+	for half := range 2 {
+		if err := f.publish(ctx); err != nil {
+			return 0, 0, err
+		}
+		sdkFirst := half == 1
+		for i := range 2 {
+			if (i == 0) == sdkFirst {
+				r, err := f.drain(ctx, sdkTwin, f.startSDK)
+				if err != nil {
+					return 0, 0, fmt.Errorf("SDK: %w", err)
+				}
+				sdk += r / 2
+				continue
+			}
+			r, err := f.drain(ctx, plainTwin, f.startPlain)
+			if err != nil {
+				return 0, 0, fmt.Errorf("plain: %w", err)
+			}
+			plain += r / 2
+		}
+	}
+	return plain, sdk, nil
+}
+
+// drain has start drain twin t and returns its rate.
+func (f *deliveryFixture) drain(ctx context.Context, t string, start func(string, *roundClock) (*side, error)) (float64, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	clk := newRoundClock()
+	s, err := start(t, clk)
+	if err != nil {
+		return 0, err
+	}
+	werr := f.waitAcked(rctx, t, clk)
+	if err := errors.Join(werr, s.stop(), f.unpin(ctx, t)); err != nil {
+		return 0, err
+	}
+	return clk.rate(deliveryRows), nil
+}
+
+// profiledRound is one more SDK drain with this process's CPU profiled
+// from after the publishing to the end of delivery.
+func (f *deliveryFixture) profiledRound(ctx context.Context) (*profile, error) {
+	if err := f.publish(ctx); err != nil {
+		return nil, err
+	}
+	prof, err := f.e.startProfile("c-delivery-sdk")
+	if err != nil {
+		return nil, err
+	}
+	_, err = f.drain(ctx, twins[0], f.startSDK)
+	prof.stop()
+	if err != nil {
+		return nil, err
+	}
+	// Drain the other twin too, so no row is left for later.
+	_, err = f.drain(ctx, twins[1], f.startPlain)
+	return prof, err
+}
+
+// publish stores deliveryRows rows in the unit (both twins get them), a
+// window of async publishes at a time.
+func (f *deliveryFixture) publish(ctx context.Context) error {
+	const window = 2000
+	payload := []byte(strings.Repeat("r", payloadBytes))
+	l := twinLayout(twins[0])
+	for i := range deliveryRows {
+		if _, err := f.js.PublishAsync(l.ShardSubject(0, 0, fmt.Sprint(i)), payload); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		if (i+1)%window != 0 && i+1 != deliveryRows {
+			continue
+		}
+		select {
+		case <-f.js.PublishAsyncComplete():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// roundClock times one side: from its first row handed to the
+// consumer's code to its ack floor reaching the last row.
+type roundClock struct {
+	first   atomic.Int64 // unix nanoseconds; 0 until the first row
+	handled atomic.Int64
+	end     time.Time
+}
+
+func newRoundClock() *roundClock { return &roundClock{} }
+
+func (c *roundClock) row() {
+	if c.handled.Add(1) == 1 {
+		c.first.Store(time.Now().UnixNano())
+	}
+}
+
+func (c *roundClock) rate(rows int) float64 {
+	return float64(rows) / c.end.Sub(time.Unix(0, c.first.Load())).Seconds()
+}
+
+// waitAcked waits until the side handled all its rows and twin t's
+// consumer has nothing pending or unacknowledged, polling every
+// millisecond (the same for both sides), and stamps the side's end.
+func (f *deliveryFixture) waitAcked(ctx context.Context, t string, clk *roundClock) error {
+	cons, err := f.consumer(ctx, t)
+	if err != nil {
+		return err
+	}
+	for {
+		if clk.handled.Load() >= deliveryRows {
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.NumAckPending == 0 && info.NumPending == 0 {
+				clk.end = time.Now()
+				return nil
+			}
+		}
+		if err := pause(ctx, time.Millisecond); err != nil {
+			return fmt.Errorf("%d of %d rows handled: %w", clk.handled.Load(), deliveryRows, err)
+		}
+	}
+}
+
+func pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// side is a running consumer of a round.
+type side struct {
+	cancel context.CancelFunc
+	done   chan error
+	close  func()
+}
+
+func (s *side) stop() error {
+	s.cancel()
+	err := <-s.done
+	s.close()
+	return err
+}
+
+// startPlain drains twin t as a fleet without the SDK would: Fetch in
+// the priority group, Ack each row, until stopped. Like the SDK's puller
+// it keeps pulling while the end is observed, so the last, partial
+// batch's wait for rows that never come is not counted against it.
+func (f *deliveryFixture) startPlain(t string, clk *roundClock) (*side, error) {
+	nc, err := nats.Connect(f.url, nats.Name("bench plain consumer"))
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := twinLayout(t)
+	cons, err := js.Consumer(ctx, l.StreamName(0), l.ConsumerDurable(0, 0))
+	if err != nil {
+		cancel()
+		nc.Close()
+		return nil, err
+	}
+	s := &side{cancel: cancel, done: make(chan error, 1), close: nc.Close}
+	go func() { s.done <- pullPlain(ctx, cons, clk) }()
+	return s, nil
+}
+
+// pullPlain fetches and acks until ctx ends.
+func pullPlain(ctx context.Context, cons jetstream.Consumer, clk *roundClock) error {
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(deliveryBatch, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+		if err != nil {
+			return fmt.Errorf("fetch: %w", err)
+		}
+		for msg := range batch.Messages() {
+			clk.row()
+			if err := msg.Ack(); err != nil {
+				return fmt.Errorf("ack: %w", err)
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("fetch: %w", err)
+		}
+	}
+	return nil
+}
+
+// unpin lifts twin t's pin, so whoever pulls it next is served at once.
+func (f *deliveryFixture) unpin(ctx context.Context, t string) error {
+	l := twinLayout(t)
+	s, err := f.js.Stream(ctx, l.StreamName(0))
+	if err != nil {
+		return err
+	}
+	return s.UnpinConsumer(ctx, l.ConsumerDurable(0, 0), natsops.PriorityGroup)
+}
+
+// startSDK runs pkg/worker on twin t: it joins, claims the unit, pulls
+// and hands each row to a handler that only counts it. Stopping it hands
+// the unit over and leaves.
+func (f *deliveryFixture) startSDK(t string, clk *roundClock) (*side, error) {
+	nc, err := nats.Connect(f.url, nats.Name("bench SDK worker"))
+	if err != nil {
+		return nil, err
+	}
+	w, err := worker.New(worker.Options{Topology: f.topo, Member: "worker-0", Registry: f.reg, NATS: nc,
+		SubjectPrefix: "delivery", ConsumerName: t, FetchBatch: deliveryBatch,
+		Handler: func(context.Context, worker.Row) worker.Settlement { clk.row(); return worker.Ack }})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	s := &side{cancel: cancel, done: make(chan error, 1), close: nc.Close}
+	go func() { s.done <- w.Run(wctx) }()
+	return s, nil
+}
+
+func deliveryResult(plain, sdk, ratios []float64, prof *profile) result {
+	ratio := medianFloat(ratios)
+	r := result{
+		row: "c", what: "SDK delivery, no-op handler, no history (rows/s)",
+		measured: fmt.Sprintf("SDK %.0f rows/s", medianFloat(sdk)),
+		baseline: fmt.Sprintf("plain Fetch+Ack %.0f rows/s", medianFloat(plain)),
+		ratio:    fmt.Sprintf("%.3fx", ratio), goal: fmt.Sprintf(">= %.2fx (median of %d alternating rounds)", deliveryGoal, len(ratios)),
+		verdict: judge(ratio >= deliveryGoal),
+	}
+	r.notes = append(r.notes, fmt.Sprintf("each side drains %d rows of %d bytes, twice per round (plain, SDK, SDK, plain), from twin R1 consumers of one stream (pinned priority group), batch %d, one nats-server process; twins swapped every round",
+		deliveryRows, payloadBytes, deliveryBatch))
+	for i := range ratios {
+		r.notes = append(r.notes, fmt.Sprintf("round %d: plain %.0f rows/s, SDK %.0f rows/s, ratio %.3f", i+1, plain[i], sdk[i], ratios[i]))
+	}
+	r.notes = append(r.notes, "this process's CPU in an extra SDK-only round under the profiler, delivery only (go tool pprof -top):")
+	for _, l := range prof.top(20) {
+		r.notes = append(r.notes, "  "+l)
+	}
+	r.notes = append(r.notes, "the SDK's own per-row path in the same profile (go tool pprof -top -cum -focus=pkg/worker):")
+	for _, l := range prof.top(20, "-cum", "-focus=shardkeeper/pkg/worker") {
+		r.notes = append(r.notes, "  "+l)
+	}
+	if r.verdict == missed {
+		r.why = []string{fmt.Sprintf("the median round ratio is %.3f, below %.2f; the profile above shows where this process's CPU went", ratio, deliveryGoal)}
+	}
+	return r
+}

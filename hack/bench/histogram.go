@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// histogram is one Prometheus histogram as scraped: cumulative counts by
+// upper bound.
+type histogram struct {
+	bounds []float64 // sorted, +Inf last
+	counts map[float64]float64
+	count  float64
+}
+
+// reconcileHistogram scrapes the operator's controller_runtime_reconcile_
+// time_seconds for the ShardTopology controller.
+func (p *operatorProc) reconcileHistogram() (histogram, error) {
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + p.metricsAddr + "/metrics")
+	if err != nil {
+		return histogram{}, fmt.Errorf("scrape the operator's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	h := histogram{counts: map[float64]float64{}}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	const name = "controller_runtime_reconcile_time_seconds_bucket{"
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, name) || !strings.Contains(l, `controller="shardtopology"`) {
+			continue
+		}
+		le, n, err := parseBucket(l)
+		if err != nil {
+			return histogram{}, err
+		}
+		h.counts[le] = n
+		h.bounds = append(h.bounds, le)
+	}
+	if err := sc.Err(); err != nil {
+		return histogram{}, err
+	}
+	if len(h.bounds) == 0 {
+		return histogram{}, fmt.Errorf("no controller_runtime_reconcile_time_seconds for the shardtopology controller")
+	}
+	sort.Float64s(h.bounds)
+	h.count = h.counts[math.Inf(1)]
+	return h, nil
+}
+
+// parseBucket reads `..._bucket{controller="x",le="0.2"} 12`.
+func parseBucket(line string) (le, n float64, err error) {
+	_, rest, ok := strings.Cut(line, `le="`)
+	if !ok {
+		return 0, 0, fmt.Errorf("bucket without le: %q", line)
+	}
+	bound, rest, _ := strings.Cut(rest, `"`)
+	if le, err = strconv.ParseFloat(bound, 64); err != nil {
+		return 0, 0, err
+	}
+	fields := strings.Fields(rest)
+	if len(fields) == 0 {
+		return 0, 0, fmt.Errorf("bucket without value: %q", line)
+	}
+	n, err = strconv.ParseFloat(fields[len(fields)-1], 64)
+	return le, n, err
+}
+
+// minus is h's observations since earlier.
+func (h histogram) minus(earlier histogram) histogram {
+	d := histogram{bounds: h.bounds, counts: map[float64]float64{}, count: h.count - earlier.count}
+	for _, b := range h.bounds {
+		d.counts[b] = h.counts[b] - earlier.counts[b]
+	}
+	return d
+}
+
+// quantile interpolates linearly within the bucket holding q, as
+// Prometheus's histogram_quantile does. over reports a quantile in the
+// +Inf bucket, where the last finite bound is returned.
+func (h histogram) quantile(q float64) (d time.Duration, over bool) {
+	if h.count == 0 {
+		return 0, false
+	}
+	target := q * h.count
+	prevBound, prevCount := 0.0, 0.0
+	for _, b := range h.bounds {
+		c := h.counts[b]
+		if c >= target {
+			if math.IsInf(b, 1) {
+				return seconds(prevBound), true
+			}
+			frac := 1.0
+			if c > prevCount {
+				frac = (target - prevCount) / (c - prevCount)
+			}
+			return seconds(prevBound + (b-prevBound)*frac), false
+		}
+		prevBound, prevCount = b, c
+	}
+	return seconds(prevBound), true
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

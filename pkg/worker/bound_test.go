@@ -1,0 +1,123 @@
+package worker
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+)
+
+// A handover's UNPINs and the first UNPIN or RESET of new holders' pullers
+// take the same slots, so TakeoverConcurrency bounds them together.
+func TestHandoverAndTakeoverRequestsShareOneBound(t *testing.T) {
+	const bound, each = 3, 10
+	w := &Worker{opts: Options{TakeoverConcurrency: bound}, slots: make(chan struct{}, bound)}
+	var inFlight, peak, done atomic.Int64
+	gate := make(chan struct{})
+	request := func() {
+		n := inFlight.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		<-gate
+		inFlight.Add(-1)
+		done.Add(1)
+	}
+	units := make([]ownership.Unit, each)
+	for i := range units {
+		units[i] = ownership.Unit{Partition: 0, Shard: i}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { w.forEachBounded(units, func(ownership.Unit) { request() }) })
+	for range each {
+		// What puller.prepare does around its UNPIN and RESET.
+		wg.Go(func() {
+			slots := w.takeoverSlots()
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			request()
+		})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for inFlight.Load() < bound {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d requests in flight after 10s, want %d", inFlight.Load(), bound)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(gate)
+	wg.Wait()
+	if peak.Load() != bound || done.Load() != 2*each {
+		t.Fatalf("peak %d requests in flight (bound %d), %d of %d done", peak.Load(), bound, done.Load(), 2*each)
+	}
+}
+
+func TestInBatchesSplitsOnlyWhenAsked(t *testing.T) {
+	xs := []int{1, 2, 3, 4, 5}
+	tests := []struct {
+		size int
+		want [][]int
+	}{
+		{0, [][]int{{1, 2, 3, 4, 5}}},
+		{1, [][]int{{1}, {2}, {3}, {4}, {5}}},
+		{2, [][]int{{1, 2}, {3, 4}, {5}}},
+		{5, [][]int{{1, 2, 3, 4, 5}}},
+		{9, [][]int{{1, 2, 3, 4, 5}}},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("size %d", tt.size), func(t *testing.T) {
+			got := inBatches(xs, tt.size)
+			if !slices.EqualFunc(got, tt.want, slices.Equal[[]int]) {
+				t.Fatalf("inBatches(%v, %d) = %v, want %v", xs, tt.size, got, tt.want)
+			}
+		})
+	}
+}
+
+// A handler returning a value outside the Settlement constants is counted
+// as abandon, as settle treats it, instead of indexing past the counters.
+func TestUnknownSettlementCountsAsAbandon(t *testing.T) {
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []Settlement{-1, Abandon + 1, 42} {
+		if m.settledCounter(v) != m.settledCounter(Abandon) {
+			t.Fatalf("settlement %d is not counted as abandon", v)
+		}
+	}
+	if m.settledCounter(Ack) == m.settledCounter(Nak) {
+		t.Fatal("ack and nak share a counter")
+	}
+}
+
+// The row's sequences and the pending count are read from the ack subject
+// at nats.go's token positions (internal/parser), for every subject shape
+// servers send.
+func TestAckMetadataReadsEveryAckSubjectShape(t *testing.T) {
+	tests := []struct {
+		name, subject string
+		want          ackFields
+	}{
+		{"before domains", "$JS.ACK.S_INGEST_0.ingest_0_3.2.1017.998.1700000000000000000.5", ackFields{1017, 2, 5}},
+		{"domain and random token", "$JS.ACK._.ACCHASH.S_INGEST_0.ingest_0_3.1.42.40.1700000000000000000.0.RANDOM", ackFields{42, 1, 0}},
+		{"without the random token", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.18446744073709551615.3.1700000.12", ackFields{18446744073709551615, 7, 12}},
+		{"a token more", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.9.3.1700000.4.RANDOM.FUTURE", ackFields{9, 7, 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := ackMetadata(tt.subject)
+			if !ok || got != tt.want {
+				t.Fatalf("ackMetadata = %+v, %v; want %+v", got, ok, tt.want)
+			}
+		})
+	}
+	for _, s := range []string{"", "_INBOX.x", "$JS.ACK.a.b.c", "$JS.ACK.S.C.x.1.2.3.4", "$JS.ACK.a.b.c.d.e.f.g.h.i.j"} {
+		if _, ok := ackMetadata(s); ok {
+			t.Fatalf("ackMetadata(%q) accepted a subject of another shape", s)
+		}
+	}
+}
