@@ -148,6 +148,23 @@ func (f *Factory) Get(ctx context.Context, c client.Reader, name string) (*topol
 	return t, nil
 }
 
+// WithTopology connects, reads the ShardTopology NAME in the flags'
+// namespace and calls fn with it, under one context bounded by
+// --request-timeout: the opening every one-shot verb shares.
+func (f *Factory) WithTopology(name string, fn func(ctx context.Context, c client.Client, t *topologyv1.ShardTopology) error) error {
+	c, err := f.Client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.Context()
+	defer cancel()
+	t, err := f.Get(ctx, c, name)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, c, t)
+}
+
 // Context is a context bounded by the kubectl --request-timeout flag, or
 // by 30s when it is unset or 0.
 func (f *Factory) Context() (context.Context, context.CancelFunc) {

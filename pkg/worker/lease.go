@@ -299,28 +299,17 @@ func (w *Worker) recordFence(ctx context.Context) {
 // the registry (so P5's grace applies before the member adopts anything),
 // restarts delivery of what is still ours and forgets what moved.
 func (w *Worker) recover(ctx context.Context, joined bool) error {
-	ref, _ := w.memberRef()
-	w.mu.Lock()
-	gen := w.fenceGen
-	w.mu.Unlock()
-	expected := w.expectedClaims()
-	qctx, cancel := w.queryCtx(ctx)
-	defer cancel()
-	conf, err := w.reg.ConfirmOwned(qctx, ref, expected)
-	if err != nil {
-		return fmt.Errorf("confirm %d claims: %w", len(expected), err)
-	}
-	w.noteWaiting(conf.Waiting)
-	if !joined {
-		if err := w.reg.Fence(qctx, ref, gen); err != nil {
-			return fmt.Errorf("record fence: %w", err)
+	return w.confirmClaims(ctx, func(qctx context.Context, ref poolctl.MemberRef, gen int64) error {
+		if !joined {
+			if err := w.reg.Fence(qctx, ref, gen); err != nil {
+				return fmt.Errorf("record fence: %w", err)
+			}
 		}
-	}
-	if err := w.reg.Unfence(qctx, ref, gen); err != nil {
-		return fmt.Errorf("lift fence: %w", err)
-	}
-	w.adoptConfirmation(conf, gen, expected)
-	return nil
+		if err := w.reg.Unfence(qctx, ref, gen); err != nil {
+			return fmt.Errorf("lift fence: %w", err)
+		}
+		return nil
+	})
 }
 
 // confirm confirms the claims again, outside a fence: the units an
@@ -328,6 +317,13 @@ func (w *Worker) recover(ctx context.Context, joined bool) error {
 // grace have passed (the same-name grace), and the tick then keeps or
 // hands them over like any other.
 func (w *Worker) confirm(ctx context.Context) error {
+	return w.confirmClaims(ctx, nil)
+}
+
+// confirmClaims confirms the claims this incarnation expects in one
+// statement, runs between (if any) before acting on the answer, and then
+// adopts what the registry confirmed.
+func (w *Worker) confirmClaims(ctx context.Context, between func(context.Context, poolctl.MemberRef, int64) error) error {
 	ref, _ := w.memberRef()
 	w.mu.Lock()
 	gen := w.fenceGen
@@ -340,6 +336,11 @@ func (w *Worker) confirm(ctx context.Context) error {
 		return fmt.Errorf("confirm %d claims: %w", len(expected), err)
 	}
 	w.noteWaiting(conf.Waiting)
+	if between != nil {
+		if err := between(qctx, ref, gen); err != nil {
+			return err
+		}
+	}
 	w.adoptConfirmation(conf, gen, expected)
 	return nil
 }

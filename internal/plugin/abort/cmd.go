@@ -6,9 +6,11 @@
 package abort
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/plugin"
@@ -38,41 +40,33 @@ A change that is already active cannot be aborted: change the spec back.`,
 }
 
 func run(f *plugin.Factory, name string, clear bool) error {
-	c, err := f.Client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := f.Context()
-	defer cancel()
-	t, err := f.Get(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	if clear {
-		if _, ok := t.Annotations[topologyv1.AbortAnnotation]; !ok {
-			return fmt.Errorf("shardtopology %s/%s has no abort annotation to clear", t.Namespace, t.Name)
+	return f.WithTopology(name, func(ctx context.Context, c client.Client, t *topologyv1.ShardTopology) error {
+		if clear {
+			if _, ok := t.Annotations[topologyv1.AbortAnnotation]; !ok {
+				return fmt.Errorf("shardtopology %s/%s has no abort annotation to clear", t.Namespace, t.Name)
+			}
+			if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.AbortAnnotation, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(f.Out, "shardtopology %s/%s: abort cleared; a spec that differs from the active epoch (%s) rolls out again\n",
+				t.Namespace, t.Name, activeShape(t))
+			return nil
 		}
-		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.AbortAnnotation, nil); err != nil {
+		if t.IsAbortRequested() {
+			return fmt.Errorf("shardtopology %s/%s is already aborting (annotation %s=true)", t.Namespace, t.Name, topologyv1.AbortAnnotation)
+		}
+		what, err := whatHappens(t)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(f.Out, "shardtopology %s/%s: abort cleared; a spec that differs from the active epoch (%s) rolls out again\n",
-			t.Namespace, t.Name, activeShape(t))
+		v := "true"
+		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.AbortAnnotation, &v); err != nil {
+			return err
+		}
+		fmt.Fprintf(f.Out, "shardtopology %s/%s: abort requested: %s The topology stays Stalled (RolloutAborted) until spec is %s again or: kubectl shardkeeper abort %s --clear\n",
+			t.Namespace, t.Name, what, activeShape(t), t.Name)
 		return nil
-	}
-	if t.IsAbortRequested() {
-		return fmt.Errorf("shardtopology %s/%s is already aborting (annotation %s=true)", t.Namespace, t.Name, topologyv1.AbortAnnotation)
-	}
-	what, err := whatHappens(t)
-	if err != nil {
-		return err
-	}
-	v := "true"
-	if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.AbortAnnotation, &v); err != nil {
-		return err
-	}
-	fmt.Fprintf(f.Out, "shardtopology %s/%s: abort requested: %s The topology stays Stalled (RolloutAborted) until spec is %s again or: kubectl shardkeeper abort %s --clear\n",
-		t.Namespace, t.Name, what, activeShape(t), t.Name)
-	return nil
+	})
 }
 
 // whatHappens says what the abort will do, or why there is nothing to

@@ -8,9 +8,11 @@
 package approve
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/plugin"
@@ -35,39 +37,31 @@ func NewCmd(f *plugin.Factory) *cobra.Command {
 }
 
 func run(f *plugin.Factory, name, hash string) error {
-	c, err := f.Client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := f.Context()
-	defer cancel()
-	t, err := f.Get(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	p := t.Status.Plan
-	switch {
-	case t.Spec.Rollout.Approval != topologyv1.ApprovalManual:
-		return fmt.Errorf("shardtopology %s/%s has spec.rollout.approval %q: its changes roll out without approval", t.Namespace, t.Name, approvalOf(t))
-	case p == nil || p.State != topologyv1.PlanProposalReady:
-		return fmt.Errorf("shardtopology %s/%s has no plan waiting for approval (phase %s)", t.Namespace, t.Name, t.Status.Phase)
-	case hash != "" && hash != p.Hash:
-		return fmt.Errorf("the plan changed since it was read: status.plan.hash is %s, not %s; review it again with kubectl shardkeeper plan %s",
-			p.Hash, hash, t.Name)
-	case t.Annotations[topologyv1.ApproveAnnotation] == p.Hash:
-		return fmt.Errorf("plan %s of shardtopology %s/%s is already approved; the operator starts it at its next reconcile", p.Hash, t.Namespace, t.Name)
-	}
-	v := p.Hash
-	if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.ApproveAnnotation, &v); err != nil {
-		return err
-	}
-	est := "unknown"
-	if p.EstimatedDuration != nil {
-		est = p.EstimatedDuration.Duration.String()
-	}
-	fmt.Fprintf(f.Out, "shardtopology %s/%s: plan %s approved: %s -> %s, %d units move, %d added, %d removed over %d pods, about %s before Retire.\nFollow it with: kubectl shardkeeper status %s -w\n",
-		t.Namespace, t.Name, p.Hash, fromShape(p), p.To, p.UnitsMoved, p.UnitsAdded, p.UnitsRemoved, len(p.Pods), est, t.Name)
-	return nil
+	return f.WithTopology(name, func(ctx context.Context, c client.Client, t *topologyv1.ShardTopology) error {
+		p := t.Status.Plan
+		switch {
+		case t.Spec.Rollout.Approval != topologyv1.ApprovalManual:
+			return fmt.Errorf("shardtopology %s/%s has spec.rollout.approval %q: its changes roll out without approval", t.Namespace, t.Name, approvalOf(t))
+		case p == nil || p.State != topologyv1.PlanProposalReady:
+			return fmt.Errorf("shardtopology %s/%s has no plan waiting for approval (phase %s)", t.Namespace, t.Name, t.Status.Phase)
+		case hash != "" && hash != p.Hash:
+			return fmt.Errorf("the plan changed since it was read: status.plan.hash is %s, not %s; review it again with kubectl shardkeeper plan %s",
+				p.Hash, hash, t.Name)
+		case t.Annotations[topologyv1.ApproveAnnotation] == p.Hash:
+			return fmt.Errorf("plan %s of shardtopology %s/%s is already approved; the operator starts it at its next reconcile", p.Hash, t.Namespace, t.Name)
+		}
+		v := p.Hash
+		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.ApproveAnnotation, &v); err != nil {
+			return err
+		}
+		est := "unknown"
+		if p.EstimatedDuration != nil {
+			est = p.EstimatedDuration.Duration.String()
+		}
+		fmt.Fprintf(f.Out, "shardtopology %s/%s: plan %s approved: %s -> %s, %d units move, %d added, %d removed over %d pods, about %s before Retire.\nFollow it with: kubectl shardkeeper status %s -w\n",
+			t.Namespace, t.Name, p.Hash, fromShape(p), p.To, p.UnitsMoved, p.UnitsAdded, p.UnitsRemoved, len(p.Pods), est, t.Name)
+		return nil
+	})
 }
 
 func approvalOf(t *topologyv1.ShardTopology) topologyv1.ApprovalPolicy {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -89,32 +90,24 @@ not be seen.`,
 
 // fromStatus prints status.census of the topology.
 func (o *options) fromStatus(name string) error {
-	c, err := o.f.Client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := o.f.Context()
-	defer cancel()
-	t, err := o.f.Get(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	cs := t.Status.Census
-	if cs == nil || cs.ObservedAt == nil {
-		return fmt.Errorf("shardtopology %s/%s has no census in status yet (spec.nats.systemCredentialsSecretRef set? see kubectl shardkeeper status %s)",
-			t.Namespace, t.Name, t.Name)
-	}
-	if o.output != "" {
-		if err := write(o.f.Out, o.output, cs); err != nil {
+	return o.f.WithTopology(name, func(ctx context.Context, c client.Client, t *topologyv1.ShardTopology) error {
+		cs := t.Status.Census
+		if cs == nil || cs.ObservedAt == nil {
+			return fmt.Errorf("shardtopology %s/%s has no census in status yet (spec.nats.systemCredentialsSecretRef set? see kubectl shardkeeper status %s)",
+				t.Namespace, t.Name, t.Name)
+		}
+		if o.output != "" {
+			if err := write(o.f.Out, o.output, cs); err != nil {
+				return err
+			}
+		} else if err := printStatusCensus(o.f.Out, t, o.f.Clock()); err != nil {
 			return err
 		}
-	} else if err := printStatusCensus(o.f.Out, t, o.f.Clock()); err != nil {
-		return err
-	}
-	if len(cs.BelowFloor) > 0 {
-		return fmt.Errorf("%w: floor %s, lowest %s, below: %s", ErrFloorNotMet, t.Spec.NATS.VersionFloorOrDefault(), cs.MinVersion, strings.Join(cs.BelowFloor, ", "))
-	}
-	return nil
+		if len(cs.BelowFloor) > 0 {
+			return fmt.Errorf("%w: floor %s, lowest %s, below: %s", ErrFloorNotMet, t.Spec.NATS.VersionFloorOrDefault(), cs.MinVersion, strings.Join(cs.BelowFloor, ", "))
+		}
+		return nil
+	})
 }
 
 func printStatusCensus(w io.Writer, t *topologyv1.ShardTopology, now time.Time) error {

@@ -4,9 +4,11 @@
 package pause
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/plugin"
@@ -27,30 +29,22 @@ func NewCmd(f *plugin.Factory) *cobra.Command {
 }
 
 func run(f *plugin.Factory, name string) error {
-	c, err := f.Client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := f.Context()
-	defer cancel()
-	t, err := f.Get(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	switch {
-	case t.Annotations[topologyv1.PausedAnnotation] == "true":
-		return fmt.Errorf("shardtopology %s/%s is already paused (annotation %s=true); resume it with kubectl shardkeeper resume %s",
-			t.Namespace, t.Name, topologyv1.PausedAnnotation, t.Name)
-	case t.Spec.Rollout.Paused:
-		return fmt.Errorf("shardtopology %s/%s is already paused by spec.rollout.paused=true", t.Namespace, t.Name)
-	}
-	v := "true"
-	if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.PausedAnnotation, &v); err != nil {
-		return err
-	}
-	fmt.Fprintf(f.Out, "shardtopology %s/%s paused: %s Units keep flowing. Resume with: kubectl shardkeeper resume %s\n",
-		t.Namespace, t.Name, whatHappens(t), t.Name)
-	return nil
+	return f.WithTopology(name, func(ctx context.Context, c client.Client, t *topologyv1.ShardTopology) error {
+		switch {
+		case t.Annotations[topologyv1.PausedAnnotation] == "true":
+			return fmt.Errorf("shardtopology %s/%s is already paused (annotation %s=true); resume it with kubectl shardkeeper resume %s",
+				t.Namespace, t.Name, topologyv1.PausedAnnotation, t.Name)
+		case t.Spec.Rollout.Paused:
+			return fmt.Errorf("shardtopology %s/%s is already paused by spec.rollout.paused=true", t.Namespace, t.Name)
+		}
+		v := "true"
+		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.PausedAnnotation, &v); err != nil {
+			return err
+		}
+		fmt.Fprintf(f.Out, "shardtopology %s/%s paused: %s Units keep flowing. Resume with: kubectl shardkeeper resume %s\n",
+			t.Namespace, t.Name, whatHappens(t), t.Name)
+		return nil
+	})
 }
 
 // whatHappens says what pause holds, from the rollout in status.

@@ -8,6 +8,7 @@
 package plan
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -97,27 +99,19 @@ placement gives them; a live fleet may differ.`,
 }
 
 func (o *options) live(name string) error {
-	c, err := o.f.Client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := o.f.Context()
-	defer cancel()
-	t, err := o.f.Get(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	p := t.Status.Plan
-	if p == nil {
-		if o.output != "" {
-			return fmt.Errorf("shardtopology %s/%s has no plan in status", t.Namespace, t.Name)
+	return o.f.WithTopology(name, func(ctx context.Context, c client.Client, t *topologyv1.ShardTopology) error {
+		p := t.Status.Plan
+		if p == nil {
+			if o.output != "" {
+				return fmt.Errorf("shardtopology %s/%s has no plan in status", t.Namespace, t.Name)
+			}
+			return printNoPlan(o.f.Out, t)
 		}
-		return printNoPlan(o.f.Out, t)
-	}
-	if o.output != "" {
-		return write(o.f.Out, o.output, p)
-	}
-	return PrintLive(o.f.Out, t)
+		if o.output != "" {
+			return write(o.f.Out, o.output, p)
+		}
+		return PrintLive(o.f.Out, t)
+	})
 }
 
 func printNoPlan(w io.Writer, t *topologyv1.ShardTopology) error {
