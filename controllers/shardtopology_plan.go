@@ -30,32 +30,38 @@ import (
 // short enough to type, long enough that two plans never share one.
 const planHashLen = 16
 
+// changeInput is what ownership.PlanChange decides the change from: the
+// active shape, the target, the live members with a slot and the claims
+// they hold in the active shape.
+func changeInput(w *changeWorld, claims map[string]poolctl.ClaimInfo) ownership.ChangeInput {
+	in := ownership.ChangeInput{Epoch: w.active.Number, From: epochTopology(w.active), To: w.target, Claims: ownership.Claims{}}
+	live := map[string]bool{}
+	for _, m := range w.live {
+		if m.Slot >= 0 {
+			in.Members = append(in.Members, ownership.Member{Name: m.Name, Ordinal: podOrdinal(m.Name), Slot: ownership.Slot(m.Slot)})
+			live[m.Name] = true
+		}
+	}
+	for name, c := range claims {
+		u, err := ownership.ParseUnit(name)
+		if err == nil && c.State != poolctl.StateFree && live[c.Owner] && in.From.Contains(u) {
+			in.Claims[u] = c.Owner
+		}
+	}
+	return in
+}
+
 // changePlan plans the change from the active epoch to the target over
 // the live members with a slot and the claims they hold. Without a live
 // member there is nothing to move: the plan only adds and removes units.
 func changePlan(w *changeWorld, claims map[string]poolctl.ClaimInfo) ownership.Plan {
-	from := epochTopology(w.active)
-	var members []ownership.Member
-	live := map[string]bool{}
-	for _, m := range w.live {
-		if m.Slot >= 0 {
-			members = append(members, ownership.Member{Name: m.Name, Ordinal: podOrdinal(m.Name), Slot: ownership.Slot(m.Slot)})
-			live[m.Name] = true
-		}
-	}
-	held := ownership.Claims{}
-	for name, c := range claims {
-		u, err := ownership.ParseUnit(name)
-		if err == nil && c.State != poolctl.StateFree && live[c.Owner] && from.Contains(u) {
-			held[u] = c.Owner
-		}
-	}
-	plan, err := ownership.PlanChange(ownership.ChangeInput{Epoch: w.active.Number, From: from, To: w.target, Members: members, Claims: held})
+	in := changeInput(w, claims)
+	plan, err := ownership.PlanChange(in)
 	if err != nil {
 		// No live member (or none with a slot yet): units are only
 		// added and removed; whoever joins claims them.
-		d := ownership.Diff(from, w.target)
-		plan = ownership.Plan{Kind: ownership.KindTopologyChange, FromEpoch: w.active.Number, ToEpoch: w.active.Number + 1, From: from, To: w.target}
+		d := ownership.Diff(in.From, w.target)
+		plan = ownership.Plan{Kind: ownership.KindTopologyChange, FromEpoch: w.active.Number, ToEpoch: w.active.Number + 1, From: in.From, To: w.target}
 		var claim, retire []ownership.Move
 		for _, u := range d.Added {
 			claim = append(claim, ownership.Move{Unit: u})

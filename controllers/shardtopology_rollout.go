@@ -423,26 +423,11 @@ func unitsToMove(w *changeWorld, claims map[string]poolctl.ClaimInfo) int {
 	if w.active == nil {
 		return w.target.Len()
 	}
-	from := epochTopology(w.active)
-	var members []ownership.Member
-	live := map[string]bool{}
-	for _, m := range w.live {
-		if m.Slot >= 0 {
-			members = append(members, ownership.Member{Name: m.Name, Ordinal: podOrdinal(m.Name), Slot: ownership.Slot(m.Slot)})
-			live[m.Name] = true
-		}
-	}
-	if len(members) == 0 {
+	in := changeInput(w, claims)
+	if len(in.Members) == 0 {
 		return w.target.Len()
 	}
-	held := ownership.Claims{}
-	for name, c := range claims {
-		u, err := ownership.ParseUnit(name)
-		if err == nil && c.State != poolctl.StateFree && live[c.Owner] && from.Contains(u) {
-			held[u] = c.Owner
-		}
-	}
-	plan, err := ownership.PlanChange(ownership.ChangeInput{Epoch: w.active.Number, From: from, To: w.target, Members: members, Claims: held})
+	plan, err := ownership.PlanChange(in)
 	if err != nil {
 		return 0
 	}
