@@ -12,6 +12,7 @@ package plugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/cli-runtime/pkg/printers"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 )
@@ -280,4 +282,31 @@ func PatchAnnotation(ctx context.Context, c client.Client, t *topologyv1.ShardTo
 	}
 	*t = *after
 	return nil
+}
+
+// CheckDataFormat refuses an -o other than "" (the verb's own view), json
+// or yaml, for verbs that print a status field rather than the object.
+func CheckDataFormat(format string) error {
+	if format != "" && format != "json" && format != "yaml" {
+		return Usagef("-o must be json or yaml, got %q", format)
+	}
+	return nil
+}
+
+// WriteData writes v as YAML for format "yaml", else as indented JSON;
+// what names v in an encoding error.
+func WriteData(w io.Writer, format, what string, v any) error {
+	var b []byte
+	var err error
+	if format == "yaml" {
+		b, err = yaml.Marshal(v)
+	} else {
+		b, err = json.MarshalIndent(v, "", "  ")
+		b = append(b, '\n')
+	}
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", what, err)
+	}
+	_, err = w.Write(b)
+	return err
 }

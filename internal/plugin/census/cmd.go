@@ -7,7 +7,6 @@ package census
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
@@ -68,8 +66,8 @@ not be seen.`,
 		},
 		ValidArgsFunction: f.CompleteTopologies,
 		RunE: func(_ *cobra.Command, args []string) error {
-			if o.output != "" && o.output != "json" && o.output != "yaml" {
-				return plugin.Usagef("-o must be json or yaml, got %q", o.output)
+			if err := plugin.CheckDataFormat(o.output); err != nil {
+				return err
 			}
 			if len(args) == 1 {
 				return o.fromStatus(args[0])
@@ -97,7 +95,7 @@ func (o *options) fromStatus(name string) error {
 				t.Namespace, t.Name, t.Name)
 		}
 		if o.output != "" {
-			if err := write(o.f.Out, o.output, cs); err != nil {
+			if err := plugin.WriteData(o.f.Out, o.output, "census", cs); err != nil {
 				return err
 			}
 		} else if err := printStatusCensus(o.f.Out, t, o.f.Clock()); err != nil {
@@ -162,7 +160,7 @@ func (o *options) direct() error {
 		return fmt.Errorf("take census through %s: %w", Redact(o.server), err)
 	}
 	if o.output != "" {
-		err = write(o.f.Out, o.output, c)
+		err = plugin.WriteData(o.f.Out, o.output, "census", c)
 	} else {
 		err = printCensus(o.f.Out, c)
 	}
@@ -236,22 +234,6 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-func write(w io.Writer, format string, v any) error {
-	var b []byte
-	var err error
-	if format == "yaml" {
-		b, err = yaml.Marshal(v)
-	} else {
-		b, err = json.MarshalIndent(v, "", "  ")
-		b = append(b, '\n')
-	}
-	if err != nil {
-		return fmt.Errorf("encode census: %w", err)
-	}
-	_, err = w.Write(b)
-	return err
 }
 
 // Redact hides credentials embedded in NATS URLs (user and password, or a

@@ -9,7 +9,6 @@ package plan
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
@@ -78,8 +76,8 @@ placement gives them; a live fleet may differ.`,
 		},
 		ValidArgsFunction: f.CompleteTopologies,
 		RunE: func(_ *cobra.Command, args []string) error {
-			if o.output != "" && o.output != "json" && o.output != "yaml" {
-				return plugin.Usagef("-o must be json or yaml, got %q", o.output)
+			if err := plugin.CheckDataFormat(o.output); err != nil {
+				return err
 			}
 			if len(args) == 1 {
 				return o.live(args[0])
@@ -108,7 +106,7 @@ func (o *options) live(name string) error {
 			return printNoPlan(o.f.Out, t)
 		}
 		if o.output != "" {
-			return write(o.f.Out, o.output, p)
+			return plugin.WriteData(o.f.Out, o.output, "plan", p)
 		}
 		return PrintLive(o.f.Out, t)
 	})
@@ -203,7 +201,7 @@ func (o *options) offline() error {
 		return err
 	}
 	if o.output != "" {
-		return write(o.f.Out, o.output, p)
+		return plugin.WriteData(o.f.Out, o.output, "plan", p)
 	}
 	return PrintOffline(o.f.Out, p, o.allUnits)
 }
@@ -269,22 +267,6 @@ func moveList(moves []ownership.Move, all bool) string {
 		parts = append(parts, fmt.Sprintf("... (%d more, --units lists all)", len(moves)-n))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func write(w io.Writer, format string, v any) error {
-	var b []byte
-	var err error
-	if format == "yaml" {
-		b, err = yaml.Marshal(v)
-	} else {
-		b, err = json.MarshalIndent(v, "", "  ")
-		b = append(b, '\n')
-	}
-	if err != nil {
-		return fmt.Errorf("encode plan: %w", err)
-	}
-	_, err = w.Write(b)
-	return err
 }
 
 func orNone(s string) string {
