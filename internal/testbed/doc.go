@@ -9,6 +9,7 @@ package testbed
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -36,8 +37,19 @@ func Eventually(tb testing.TB, timeout time.Duration, cond func() error) {
 
 // FreePort returns a loopback TCP port that was free a moment ago. Another
 // process may take it before the caller binds it; callers that start servers
-// retry on a bind failure.
+// retry on a bind failure. It picks at random below Linux's ephemeral range
+// (32768-60999 by default), where the kernel never hands out the source
+// port of an outgoing connection: with many connections open by tests
+// running side by side, a port from the ephemeral range was taken before
+// its server bound it.
 func FreePort() (int, error) {
+	const lo, hi = 20000, 32768
+	for range 100 {
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lo+rand.IntN(hi-lo))); err == nil {
+			defer l.Close()
+			return l.Addr().(*net.TCPAddr).Port, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find free port: %w", err)

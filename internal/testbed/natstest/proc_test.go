@@ -2,6 +2,7 @@ package natstest
 
 import (
 	"encoding/json"
+	"net"
 	"sort"
 	"testing"
 	"time"
@@ -54,6 +55,26 @@ func TestProcClusterMixesServerVersions(t *testing.T) {
 			t.Fatalf("server %s runs %q, want %q (all: %v)", n, got[n], v, got)
 		}
 	}
+}
+
+func TestProcClusterStartsAgainWhenAPortIsTakenBeforeItsServerBindsIt(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	attempts := 0
+	c := StartProcClusterWith(t, func(_ int, cfg *ServerConfig) {
+		attempts++
+		cfg.LeafPort = freePort(t)
+		if attempts == 1 {
+			cfg.LeafPort = taken.Addr().(*net.TCPAddr).Port
+		}
+	}, Binary(t, Version214))
+	if attempts != 2 {
+		t.Fatalf("configured %d times, want 2 (the first on a taken port)", attempts)
+	}
+	c.Connect(0)
 }
 
 func TestProcRestartsAfterKill(t *testing.T) {

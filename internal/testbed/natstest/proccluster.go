@@ -32,9 +32,29 @@ func StartProcCluster(tb testing.TB, binaries ...string) *ProcCluster {
 }
 
 // StartProcClusterWith is StartProcCluster with a hook that adjusts each
-// server's configuration before it starts.
+// server's configuration before it starts. Ports are picked free a moment
+// before the servers bind them (testbed.FreePort), so another process can
+// take one in between: when a server finds its port taken, the cluster
+// starts again on other ports (adjust runs again too), up to three times.
 func StartProcClusterWith(tb testing.TB, adjust func(i int, cfg *ServerConfig), binaries ...string) *ProcCluster {
 	tb.Helper()
+	for attempt := 1; ; attempt++ {
+		c, err := startProcCluster(tb, adjust, binaries)
+		if err == nil {
+			c.WaitJetStream(60 * time.Second)
+			return c
+		}
+		c.Shutdown()
+		taken := portTaken(err)
+		if attempt == 3 || taken == "" {
+			tb.Fatal(err)
+		}
+		tb.Logf("natstest: a port was taken before its server bound it, starting the cluster again on other ports: %s", taken)
+	}
+}
+
+// startProcCluster configures and starts one attempt's processes.
+func startProcCluster(tb testing.TB, adjust func(i int, cfg *ServerConfig), binaries []string) (*ProcCluster, error) {
 	c := &ProcCluster{Name: clusterName(), tb: tb, dir: tb.TempDir()}
 	c.Configs = Configs(tb, c.Name, c.dir, len(binaries))
 	for i := range c.Configs {
@@ -45,7 +65,7 @@ func StartProcClusterWith(tb testing.TB, adjust func(i int, cfg *ServerConfig), 
 	for i, bin := range binaries {
 		p, err := NewProc(bin, c.Configs[i], filepath.Join(c.dir, "procs"))
 		if err != nil {
-			tb.Fatal(err)
+			return c, err
 		}
 		tb.Cleanup(p.Kill)
 		c.Procs = append(c.Procs, p)
@@ -56,13 +76,24 @@ func StartProcClusterWith(tb testing.TB, adjust func(i int, cfg *ServerConfig), 
 	for _, p := range c.Procs {
 		go func() { errs <- p.Start(30 * time.Second) }()
 	}
+	var first error
 	for range c.Procs {
-		if err := <-errs; err != nil {
-			tb.Fatal(err)
+		if err := <-errs; err != nil && first == nil {
+			first = err
 		}
 	}
-	c.WaitJetStream(60 * time.Second)
-	return c
+	return c, first
+}
+
+// portTaken is the line of a server's start error that says its port was
+// taken, or "" when the error is something else.
+func portTaken(err error) string {
+	for line := range strings.Lines(err.Error()) {
+		if strings.Contains(line, "address already in use") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
 }
 
 // URLs are the client URLs of every server, without credentials.
