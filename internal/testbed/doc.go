@@ -9,10 +9,10 @@ package testbed
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -35,28 +35,33 @@ func Eventually(tb testing.TB, timeout time.Duration, cond func() error) {
 	}
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago. Another
-// process may take it before the caller binds it; callers that start servers
-// retry on a bind failure. It picks at random below Linux's ephemeral range
-// (32768-60999 by default), where the kernel never hands out the source
-// port of an outgoing connection: with many connections open by tests
-// running side by side, a port from the ephemeral range was taken before
-// its server bound it.
+// FreePort returns a loopback TCP port that was free a moment ago and that
+// this process has not handed out before (the kernel may offer a port
+// again once its listener closed, and a cluster's servers are configured
+// before any binds). Another process may take it before the caller binds
+// it; callers that start servers retry on a bind failure.
 func FreePort() (int, error) {
-	const lo, hi = 20000, 32768
+	handedOut.Lock()
+	defer handedOut.Unlock()
 	for range 100 {
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lo+rand.IntN(hi-lo))); err == nil {
-			defer l.Close()
-			return l.Addr().(*net.TCPAddr).Port, nil
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("find free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("find free port: the kernel offered only ports handed out before")
 }
+
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 // RepoRoot finds the module root (the directory holding go.mod with the
 // shardkeeper module) from the working directory upwards, so tests in any
