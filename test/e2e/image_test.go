@@ -259,8 +259,16 @@ func checkSecureMetrics(w *world, url, version string) {
 	if err := w.k.Create(ctx, crb); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, err := fetch(url, ""); err != nil || code != http.StatusUnauthorized {
-		t.Fatalf("GET %s without a token: %d %v, want 401", url, code, err)
+	// The metrics server starts beside the probes, not before them: wait
+	// until it answers at all, then judge the answer.
+	var code int
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		var err error
+		code, _, err = fetch(url, "")
+		return err
+	})
+	if code != http.StatusUnauthorized {
+		t.Fatalf("GET %s without a token: %d, want 401", url, code)
 	}
 	body := get(t, url, w.token(operatorNamespace, "scraper"))
 	if want := fmt.Sprintf(`version=%q`, version); !regexp.MustCompile(`shardkeeper_build_info\{[^}]*` + regexp.QuoteMeta(want) + `[^}]*\} 1`).MatchString(body) {
