@@ -19,7 +19,8 @@
 //	--sink-dsn        SINK_DSN                sink database; default: the registry's
 //	--health-addr     WORKER_HEALTH_ADDR      address of the HTTP endpoints
 //	--history-dir     WORKER_HISTORY_DIR      optional: write a delivery history file there
-//	--drain-timeout   WORKER_DRAIN_TIMEOUT    bound on a handover's wait for delivered rows
+//	--drain-timeout   WORKER_DRAIN_TIMEOUT    bound on a handover's wait for delivered rows until the
+//	                                          registry carries spec.rollout.drainTimeout (which wins)
 //	--version                                 print the version and exit
 package main
 
@@ -28,6 +29,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -39,9 +41,8 @@ import (
 
 func main() {
 	cfg, err := parseConfig(os.Args[1:], os.Getenv)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+	if code, done := configExit(err, os.Stderr); done {
+		os.Exit(code)
 	}
 	if cfg.showVersion {
 		version.Print("shardkeeper-worker")
@@ -90,6 +91,26 @@ type config struct {
 // errBadFlag wraps every configuration refusal.
 var errBadFlag = errors.New("bad worker configuration")
 
+// configExit says whether parseConfig's answer ends the process, and with
+// which code: --help (the flag package printed the usage already) is a
+// success, anything else refused is a usage error (2), said on stderr.
+func configExit(err error, stderr io.Writer) (code int, done bool) {
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		return 0, true
+	default:
+		fmt.Fprintln(stderr, err)
+		return 2, true
+	}
+}
+
+// defaultDrainTimeout is the SDK's (worker.Options.DrainTimeout) and the
+// spec's default, so a worker that starts before the operator wrote the
+// registry drains as long as it will once it reads the registry.
+const defaultDrainTimeout = 30 * time.Second
+
 func parseConfig(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("shardkeeper-worker", flag.ContinueOnError)
@@ -110,8 +131,8 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.consumerName, "consumer-name", env("CONSUMER_NAME", "ingest"), "spec.nats.consumerName (env CONSUMER_NAME)")
 	fs.StringVar(&c.healthAddr, "health-addr", env("WORKER_HEALTH_ADDR", ":8081"), "address of /healthz, /readyz, /status, /metrics (env WORKER_HEALTH_ADDR)")
 	fs.StringVar(&c.historyDir, "history-dir", env("WORKER_HISTORY_DIR", ""), "write a delivery history (one JSON-lines file per process) into this directory (env WORKER_HISTORY_DIR)")
-	drainDefault, drainErr := envDurationOr(getenv, "WORKER_DRAIN_TIMEOUT", 10*time.Second)
-	fs.DurationVar(&c.drainTimeout, "drain-timeout", drainDefault, "bound on a handover's wait for delivered rows; keep it equal to the ShardTopology's spec.rollout.drainTimeout, which the operator waits for but does not send (env WORKER_DRAIN_TIMEOUT)")
+	drainDefault, drainErr := envDurationOr(getenv, "WORKER_DRAIN_TIMEOUT", defaultDrainTimeout)
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", drainDefault, "bound on a handover's wait for delivered rows, used only until the registry carries the ShardTopology's spec.rollout.drainTimeout, which the operator writes there and which wins (env WORKER_DRAIN_TIMEOUT)")
 	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
 	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
 	fs.DurationVar(&c.handlerDelay, "handler-delay", envDuration(getenv, "WORKER_HANDLER_DELAY"), "test knob: wait this long before each sink write, like a slow sink (env WORKER_HANDLER_DELAY)")
@@ -122,6 +143,9 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.IntVar(&c.shards, "shards", envInt(getenv, "SHARDS"), "independent strategy only: V (env SHARDS)")
 	fs.IntVar(&c.replicas, "replicas", envInt(getenv, "REPLICAS"), "independent strategy only: pods in the StatefulSet (env REPLICAS)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
 		return c, fmt.Errorf("%w: %v", errBadFlag, err)
 	}
 	if c.showVersion {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -18,6 +19,7 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/pgtest"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
@@ -54,6 +56,59 @@ func TestConfigRefusesMissingAndBadFlagsByName(t *testing.T) {
 	}
 }
 
+// --help prints the usage and succeeds; only a refused configuration is a
+// usage error (2).
+func TestHelpExitsZeroAndBadFlagsTwo(t *testing.T) {
+	env := map[string]string{"POD_NAME": "ingest-0", "NATS_URL": "nats://x:4222", "REGISTRY_DSN": "postgres://r", "SHARDKEEPER_TOPOLOGY": "ns/t"}
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantDone bool
+		wantOut  string
+	}{
+		{"--help", []string{"--help"}, 0, true, ""},
+		{"-h", []string{"-h"}, 0, true, ""},
+		{"an unknown flag", []string{"--frobnicate"}, 2, true, "frobnicate"},
+		{"a good configuration runs", nil, 0, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig(tt.args, func(k string) string { return env[k] })
+			var out strings.Builder
+			code, done := configExit(err, &out)
+			if code != tt.wantCode || done != tt.wantDone {
+				t.Fatalf("exit %d (ends: %v), want %d (ends: %v); error %v", code, done, tt.wantCode, tt.wantDone, err)
+			}
+			if !strings.Contains(out.String(), tt.wantOut) || (tt.wantOut == "" && out.Len() > 0) {
+				t.Fatalf("printed %q, want %q", out.String(), tt.wantOut)
+			}
+		})
+	}
+}
+
+// A registry DSN that reaches nothing is reported as the registry's
+// problem, not as the sink's (which shares the DSN by default).
+func TestAnUnreachableRegistryIsReportedAsTheRegistry(t *testing.T) {
+	nc := natstest.StartCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	creds := filepath.Join(t.TempDir(), "app.creds")
+	if err := os.WriteFile(creds, []byte(natstest.AppUser+":"+natstest.AppPassword), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dsn := "postgres://shardkeeper:secret-password@127.0.0.1:1/ingest?connect_timeout=5"
+	cfg := config{topology: "ns/t", member: "ingest-0", natsURL: nc.URL(), natsCreds: creds, registryDSN: dsn, sinkDSN: dsn,
+		healthAddr: "127.0.0.1:0", drainTimeout: time.Second, fetchBatch: 1, strategy: "sequenced"}
+	err := run(ctx, cfg, logr.Discard())
+	if err == nil || !strings.Contains(err.Error(), "registry") || strings.Contains(err.Error(), "sink") {
+		t.Fatalf("run: %v, want an error naming the registry and not the sink", err)
+	}
+	if strings.Contains(err.Error(), "secret-password") {
+		t.Fatalf("the error shows the password: %v", err)
+	}
+}
+
 func TestDrainTimeoutFromFlagOrEnvironment(t *testing.T) {
 	base := map[string]string{"POD_NAME": "ingest-0", "NATS_URL": "nats://x:4222", "REGISTRY_DSN": "postgres://r", "SHARDKEEPER_TOPOLOGY": "ns/t"}
 	tests := []struct {
@@ -63,7 +118,7 @@ func TestDrainTimeoutFromFlagOrEnvironment(t *testing.T) {
 		want    time.Duration
 		wantErr string
 	}{
-		{name: "default", want: 10 * time.Second},
+		{name: "default is the SDK's and the spec's", want: 30 * time.Second},
 		{name: "environment", env: "30s", want: 30 * time.Second},
 		{name: "the flag wins", env: "30s", args: []string{"--drain-timeout", "5s"}, want: 5 * time.Second},
 		{name: "a bad value is refused by name", env: "soon", wantErr: "WORKER_DRAIN_TIMEOUT must be a positive duration"},

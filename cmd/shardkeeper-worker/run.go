@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,6 +38,9 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		return err
 	}
 	defer reg.Close()
+	if err := pingRegistry(ctx, cfg.registryDSN); err != nil {
+		return err
+	}
 
 	sinkPool, err := pgxpool.New(ctx, cfg.sinkDSN)
 	if err != nil {
@@ -76,6 +80,21 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	defer srv.Close()
 	log.Info("Worker starting", "member", cfg.member, "topology", cfg.topology, "version", version.Get().Version, "revision", version.Get().Revision)
 	return w.Run(ctx)
+}
+
+// pingRegistry connects to the registry once before anything else uses
+// its DSN: the pool dials lazily, so without it a registry DSN that
+// reaches nothing (or is refused) surfaced first from the sink, which
+// shares the DSN by default, as "create sink table". pgx's errors name the
+// host, user and database, never the password.
+func pingRegistry(ctx context.Context, dsn string) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("reach the registry (--registry-dsn, REGISTRY_DSN): %w", err)
+	}
+	return conn.Close(ctx)
 }
 
 // openHistory opens the delivery history file when --history-dir is set

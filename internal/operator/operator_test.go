@@ -497,3 +497,36 @@ func (l *requestLog) sawSecretsWatch() bool {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Leader election under config/rbac: client-go's leader elector records
+// its "became leader" Event through the core events API (controller-
+// runtime hands it a record.EventRecorder), not events.k8s.io. With only
+// events.k8s.io granted, every election logged `events is forbidden` and
+// left no Event.
+func TestLeaderElectionRecordsItsEventUnderConfigRBAC(t *testing.T) {
+	b := startBed(t, render(t, "config/rbac"))
+	b.startOperator(operator.Options{LeaderElect: true, LeaderElectionNamespace: operatorNamespace, LeaderElectionID: "shardkeeper-test"})
+	testbed.Eventually(t, 60*time.Second, func() error {
+		var evs corev1.EventList
+		if err := b.admin.List(context.Background(), &evs, client.InNamespace(operatorNamespace)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "LeaderElection" && e.InvolvedObject.Kind == "Lease" && e.InvolvedObject.Name == "shardkeeper-test" {
+				return nil
+			}
+		}
+		var refused []string
+		for _, r := range b.requests.all() {
+			if r.status == http.StatusForbidden {
+				refused = append(refused, r.method+" "+r.path)
+			}
+		}
+		return fmt.Errorf("no LeaderElection Event on Lease shardkeeper-test yet (%d Events; refused requests: %v)", len(evs.Items), refused)
+	})
+	for _, r := range b.requests.all() {
+		if r.status == http.StatusForbidden {
+			t.Errorf("the API server refused %s %s: config/rbac lacks a permission leader election uses", r.method, r.path)
+		}
+	}
+}
