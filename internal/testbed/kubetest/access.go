@@ -34,7 +34,11 @@ func (e *Environment) Stop() error {
 	if e.admin.dir != "" {
 		_ = os.RemoveAll(e.admin.dir)
 	}
-	return e.Environment.Stop()
+	err := e.Environment.Stop()
+	if e.logDir != "" {
+		_ = os.RemoveAll(e.logDir)
+	}
+	return err
 }
 
 // Kubectl runs kubectl (from PATH) against the control plane as a cluster

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -42,6 +43,44 @@ func Assets() (string, error) {
 	return strings.TrimSpace(stdout.String()), nil
 }
 
+// captureOutput sends kube-apiserver's and etcd's output to files in a
+// new directory, so a control plane that does not start can be
+// diagnosed; envtest otherwise discards it. It leaves the output alone
+// (and returns "") when KUBEBUILDER_ATTACH_CONTROL_PLANE_OUTPUT attaches
+// it to this process's. The caller closes the files once the processes
+// started: each child writes through descriptors of its own.
+func captureOutput(env *envtest.Environment) (string, []*os.File, error) {
+	if os.Getenv("KUBEBUILDER_ATTACH_CONTROL_PLANE_OUTPUT") == "true" {
+		return "", nil, nil
+	}
+	dir, err := os.MkdirTemp("", "shardkeeper-controlplane-")
+	if err != nil {
+		return "", nil, fmt.Errorf("control plane log directory: %w", err)
+	}
+	var files []*os.File
+	for _, name := range []string{"apiserver.log", "etcd.log"} {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			closeAll(files)
+			return "", nil, fmt.Errorf("control plane log: %w", err)
+		}
+		files = append(files, f)
+	}
+	a := env.ControlPlane.GetAPIServer()
+	a.Out, a.Err = files[0], files[0]
+	if env.ControlPlane.Etcd == nil {
+		env.ControlPlane.Etcd = &envtest.Etcd{}
+	}
+	env.ControlPlane.Etcd.Out, env.ControlPlane.Etcd.Err = files[1], files[1]
+	return dir, files, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
+}
+
 // Environment is a running control plane.
 type Environment struct {
 	*envtest.Environment
@@ -49,7 +88,37 @@ type Environment struct {
 	Config *rest.Config
 
 	admin adminKubeconfig
+	// logDir holds kube-apiserver's and etcd's output; Stop removes it.
+	logDir string
 }
+
+// StartTimeoutEnv is envtest's setting for how long each control plane
+// process may take to become healthy.
+const StartTimeoutEnv = "KUBEBUILDER_CONTROLPLANE_START_TIMEOUT"
+
+// defaultStartTimeout replaces envtest's 20s, which a kube-apiserver on a
+// loaded 2-core machine (load average 12 seen with make demo) overran.
+const defaultStartTimeout = time.Minute
+
+// StartError is a control plane that did not start: the error envtest
+// gave, with where the processes' output went and what to try.
+type StartError struct {
+	Err error
+	// LogDir holds apiserver.log and etcd.log (kept after a failure).
+	LogDir string
+	// Timeout is how long each process was given.
+	Timeout time.Duration
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("%v; kube-apiserver's output is in %s, etcd's in %s; "+
+		"a busy machine may need longer than %s: set %s (e.g. %s=3m), "+
+		"or %s=true to see the output on this terminal",
+		e.Err, filepath.Join(e.LogDir, "apiserver.log"), filepath.Join(e.LogDir, "etcd.log"), e.Timeout,
+		StartTimeoutEnv, StartTimeoutEnv, "KUBEBUILDER_ATTACH_CONTROL_PLANE_OUTPUT")
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
 
 // Options tune the control plane.
 type Options struct {
@@ -59,6 +128,8 @@ type Options struct {
 	// and when, to the microsecond.
 	AuditLogPath string
 	AuditPolicy  []byte
+	// StartTimeout bounds each process's start; zero means $KUBEBUILDER_CONTROLPLANE_START_TIMEOUT, or 1m.
+	StartTimeout time.Duration
 }
 
 // Start starts etcd and kube-apiserver and installs the CRDs under
@@ -93,9 +164,22 @@ func StartWith(o Options) (*Environment, error) {
 		// server runs.
 		args.Set("audit-log-mode", "blocking")
 	}
-	cfg, err := env.Start()
-	if err != nil {
-		return nil, fmt.Errorf("start envtest control plane from %s: %w", assets, err)
+	env.ControlPlaneStartTimeout = o.StartTimeout
+	if env.ControlPlaneStartTimeout == 0 && os.Getenv(StartTimeoutEnv) == "" {
+		env.ControlPlaneStartTimeout = defaultStartTimeout
 	}
-	return &Environment{Environment: env, Config: cfg}, nil
+	logDir, logs, err := captureOutput(env)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := env.Start()
+	closeAll(logs)
+	if err != nil {
+		_ = env.Stop()
+		if logDir == "" {
+			return nil, fmt.Errorf("start envtest control plane from %s: %w", assets, err)
+		}
+		return nil, &StartError{Err: fmt.Errorf("start envtest control plane from %s: %w", assets, err), LogDir: logDir, Timeout: env.ControlPlaneStartTimeout}
+	}
+	return &Environment{Environment: env, Config: cfg, logDir: logDir}, nil
 }

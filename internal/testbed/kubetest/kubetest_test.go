@@ -2,7 +2,10 @@ package kubetest
 
 import (
 	"context"
-
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +63,29 @@ func TestControllerManagerRunsStatefulSetController(t *testing.T) {
 			t.Fatalf("%d pods after 60s (err %v); controller manager log:\n%s", n, err, cm.Log())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A control plane that does not start in time says where its processes'
+// output is and which setting gives it longer (make demo at load average
+// 12 failed with only "timeout waiting for process kube-apiserver to
+// start").
+func TestAControlPlaneThatDoesNotStartSaysWhereToLook(t *testing.T) {
+	t.Setenv(StartTimeoutEnv, "")
+	_, err := StartWith(Options{StartTimeout: time.Millisecond})
+	var se *StartError
+	if !errors.As(err, &se) {
+		t.Fatalf("StartWith with a 1ms start timeout: %v, want a *StartError", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(se.LogDir) })
+	for _, want := range []string{"timeout waiting for process", filepath.Join(se.LogDir, "apiserver.log"), filepath.Join(se.LogDir, "etcd.log"), StartTimeoutEnv + "="} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error lacks %q: %v", want, err)
+		}
+	}
+	for _, name := range []string{"apiserver.log", "etcd.log"} {
+		if _, err := os.Stat(filepath.Join(se.LogDir, name)); err != nil {
+			t.Errorf("the log the error names is not there: %v", err)
+		}
 	}
 }
