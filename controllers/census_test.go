@@ -83,7 +83,7 @@ func TestCensusVerdictIsPublishedAndFailsClosed(t *testing.T) {
 		}
 		return nil
 	})
-	wantConditionOf(t, st, topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonNoSystemCredentials)
+	wantConditionOf(t, st, topologyv1.ConditionVersionFloorMet, metav1.ConditionFalse, topologyv1.ReasonNoSystemCredentials)
 	eventually(t, 10*time.Second, func() error {
 		if r := f.snapshot().Reset; r.Allowed || r.Reason != "no system credentials" {
 			return fmt.Errorf("RESET permission %+v, want refused for lack of system credentials", r)

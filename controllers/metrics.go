@@ -30,7 +30,7 @@ import (
 //	shardkeeper_census_server_info{namespace,name,server,version,cluster,role}  1 per server the last census saw
 //	shardkeeper_census_min_version_info{namespace,name,version}  1, labelled with the lowest version the last census saw
 //	shardkeeper_census_servers_below_floor{namespace,name}  servers the last census counted below the floor (unknown included)
-//	shardkeeper_census_timestamp_seconds{namespace,name}    when the last census was taken (Unix seconds); its age is time() minus this
+//	shardkeeper_census_timestamp_seconds{namespace,name}    when the last census was taken (Unix seconds), 0 while none has been; its age is time() minus this
 //	shardkeeper_reset_permission_allowed{namespace,name}    1 when the published verdict allows RESET-based takeover
 //	shardkeeper_takeover_reset_blocked{namespace,name,reason}     1 for the reason RESET is refused now, 0 for the others
 //	shardkeeper_reset_permission_denials_total{namespace,name,reason}  verdicts published that refused RESET, by reason
@@ -50,7 +50,7 @@ var (
 	unitsMovedGauge         = topologyGauge("shardkeeper_rollout_units_moved", "Units the current topology change moved that are held by their new owner.")
 	unitsToMoveGauge        = topologyGauge("shardkeeper_rollout_units_to_move", "Units the current topology change moves or adds.")
 	censusBelowFloorGauge   = topologyGauge("shardkeeper_census_servers_below_floor", "Servers the last census counted below the version floor, unknown ones included.")
-	censusTimestampGauge    = topologyGauge("shardkeeper_census_timestamp_seconds", "When the last census of NATS server versions was taken (its first reply), in Unix seconds.")
+	censusTimestampGauge    = topologyGauge("shardkeeper_census_timestamp_seconds", "When the last census of NATS server versions was taken (its first reply), in Unix seconds; 0 while none has succeeded.")
 	resetAllowedGauge       = topologyGauge("shardkeeper_reset_permission_allowed", "1 when the RESET permission published for the workers allows RESET-based takeover.")
 
 	phaseGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -175,6 +175,13 @@ func recordStatusMetrics(key types.NamespacedName, st *topologyv1.ShardTopologyS
 		epochGauge.WithLabelValues(ns, name, "target").Set(float64(st.TargetEpoch.Number))
 	} else {
 		epochGauge.DeleteLabelValues(ns, name, "target")
+	}
+	if st.Census == nil || st.Census.ObservedAt == nil {
+		// No census ever succeeded (no or wrong system credentials, or
+		// none taken yet): the epoch, so its age is now and
+		// ShardTopologyCensusStale fires; an absent series matched no
+		// alert.
+		censusTimestampGauge.WithLabelValues(ns, name).Set(0)
 	}
 	if c := st.Census; c != nil && c.MinVersion != "" {
 		censusMinVersionGauge.DeletePartialMatch(topo)

@@ -357,6 +357,10 @@ func (s *scope) natsConfig(ref *topologyv1.SecretKeyRef, role string) NATSConfig
 func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	spec := &s.topo.Spec
 	reg, err := r.openRegistry(ctx, s, string(s.secretValue(&spec.Registry.DSNSecretRef)))
+	if st := registryConfigStall(err, spec.Registry.DSNSecretRef); st != nil {
+		s.stall = st
+		return ctrl.Result{}, nil
+	}
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("open registry from spec.registry.dsnSecretRef: %w", err)
 	}
@@ -368,6 +372,10 @@ func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Re
 	nc, err := r.conns().NATS(s.key, s.natsConfig(spec.NATS.CredentialsSecretRef, "streams"))
 	if errors.Is(err, ErrBadCredentials) {
 		s.stall = &StallError{Reason: topologyv1.ReasonInvalidSpec, Field: "spec.nats.credentialsSecretRef", Detail: err.Error()}
+		return ctrl.Result{}, nil
+	}
+	if st := natsConfigStall(err, "spec.nats.credentialsSecretRef"); st != nil {
+		s.stall = st
 		return ctrl.Result{}, nil
 	}
 	if err != nil {

@@ -96,8 +96,13 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 		st.ObservedGeneration = t.Generation
 	case o.err != nil:
 		// A retry may fix it: keep phase and observedGeneration, since
-		// this generation's steps did not all run.
-		msg, reason := o.err.Error(), errorReason(o.err)
+		// this generation's steps did not all run; but not a phase of
+		// Stalled, which Stalled=False below would contradict (after a
+		// SecretNotFound, PHASE read Stalled beside Stalled=False).
+		msg, reason := scrubConnStrings(o.err.Error()), errorReason(o.err)
+		if st.Phase == topologyv1.PhaseStalled {
+			st.Phase = topologyv1.PhasePending
+		}
 		set(topologyv1.ConditionStalled, metav1.ConditionFalse, reason, "retrying: "+msg)
 		set(topologyv1.ConditionReady, metav1.ConditionFalse, reason, msg)
 		set(topologyv1.ConditionReconciling, metav1.ConditionTrue, reason, msg)
@@ -308,11 +313,14 @@ func applyCensus(st *topologyv1.ShardTopologyStatus, set setFunc, c *censusRepor
 	}
 	off := fmt.Sprintf("RESET-based takeover is off; takeover waits for ack_wait (%s)", ackWait)
 	switch {
+	// Without a census the floor is not known to be met, and the census
+	// fails closed: False, as the README promises, so the
+	// VersionFloorNotMet alert fires (Unknown matched no alert).
 	case c.noSystemCredentials:
-		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonNoSystemCredentials,
+		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionFalse, topologyv1.ReasonNoSystemCredentials,
 			"spec.nats.systemCredentialsSecretRef is not set, so no census can be taken (fail closed); "+off)
 	case c.failed != "":
-		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonCensusFailed,
+		set(topologyv1.ConditionVersionFloorMet, metav1.ConditionFalse, topologyv1.ReasonCensusFailed,
 			"census failed: "+c.failed+"; "+off)
 	default:
 		cs := c.census
@@ -406,7 +414,7 @@ func deletingStatus(t *topologyv1.ShardTopology, waiting string, err error, now 
 	reason := topologyv1.ReasonDeleting
 	msg := "deleting: " + waiting
 	if err != nil {
-		reason, msg = errorReason(err), "deleting, retrying: "+err.Error()
+		reason, msg = errorReason(err), "deleting, retrying: "+scrubConnStrings(err.Error())
 	}
 	set(topologyv1.ConditionReady, metav1.ConditionFalse, reason, msg)
 	set(topologyv1.ConditionReconciling, metav1.ConditionTrue, reason, msg)

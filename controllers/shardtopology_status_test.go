@@ -214,8 +214,8 @@ func TestComputeStatusReportsTheCensus(t *testing.T) {
 	}{
 		{"below the floor names the server and its version", &censusReport{census: below}, metav1.ConditionFalse, topologyv1.ReasonBelowFloor, "n3 (2.12.15)", "2.12.15"},
 		{"at the floor", &censusReport{census: met, allowed: true}, metav1.ConditionTrue, topologyv1.ReasonFloorMet, "at or above 2.14.0", "2.14.9"},
-		{"no system credentials fails closed", &censusReport{noSystemCredentials: true}, metav1.ConditionUnknown, topologyv1.ReasonNoSystemCredentials, "fail closed", ""},
-		{"a failed census fails closed", &censusReport{failed: "no server answered"}, metav1.ConditionUnknown, topologyv1.ReasonCensusFailed, "no server answered", ""},
+		{"no system credentials fails closed", &censusReport{noSystemCredentials: true}, metav1.ConditionFalse, topologyv1.ReasonNoSystemCredentials, "fail closed", ""},
+		{"a failed census fails closed", &censusReport{failed: "no server answered"}, metav1.ConditionFalse, topologyv1.ReasonCensusFailed, "no server answered", ""},
 		{"no census yet", nil, metav1.ConditionUnknown, topologyv1.ReasonCensusPending, "no census", ""},
 	}
 	for _, tt := range tests {

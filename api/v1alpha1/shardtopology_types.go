@@ -105,6 +105,17 @@ const (
 	// wait in the unit's consumer and the owner received none within the
 	// bound. The message names a few.
 	ReasonUnitsStalled = "UnitsStalled"
+	// ReasonInvalidRegistryDSN means the DSN in spec.registry.dsnSecretRef
+	// does not parse as a PostgreSQL connection string.
+	ReasonInvalidRegistryDSN = "InvalidRegistryDSN"
+	// ReasonRegistryRefused means PostgreSQL refused the DSN's
+	// credentials or database: a role that does not exist, a wrong
+	// password, a database that does not exist, or a role without the
+	// privileges the operator needs.
+	ReasonRegistryRefused = "RegistryRefused"
+	// ReasonNATSAuthorizationFailed means NATS refused the credentials in
+	// spec.nats.credentialsSecretRef.
+	ReasonNATSAuthorizationFailed = "NATSAuthorizationFailed"
 )
 
 // Rollout kinds reported in status.rollout.kind.
