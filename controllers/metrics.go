@@ -19,6 +19,7 @@ import (
 //	shardkeeper_units{namespace,name,state}                 units of the active epoch by state: flowing, stalled, unowned (they sum to N x V)
 //	shardkeeper_units_multiply_owned{namespace,name}        units two or more members pulled at once, from their activity reports (a bug if not 0)
 //	shardkeeper_units_retiring{namespace,name}              units that left the topology whose consumers still exist
+//	shardkeeper_members{namespace,name,state}               live members: workload (pods of the StatefulSet), foreign (anyone else with the DSN)
 //	shardkeeper_topology_phase{namespace,name,phase}        1 for the current status.phase, 0 for the others
 //	shardkeeper_topology_condition{namespace,name,type,status}  1 for each condition's current status (true, false, unknown), 0 for the others
 //	shardkeeper_topology_epoch{namespace,name,state}        number of the active and the target (pending) epoch
@@ -51,7 +52,11 @@ var (
 	unitsToMoveGauge        = topologyGauge("shardkeeper_rollout_units_to_move", "Units the current topology change moves or adds.")
 	censusBelowFloorGauge   = topologyGauge("shardkeeper_census_servers_below_floor", "Servers the last census counted below the version floor, unknown ones included.")
 	censusTimestampGauge    = topologyGauge("shardkeeper_census_timestamp_seconds", "When the last census of NATS server versions was taken (its first reply), in Unix seconds; 0 while none has succeeded.")
-	resetAllowedGauge       = topologyGauge("shardkeeper_reset_permission_allowed", "1 when the RESET permission published for the workers allows RESET-based takeover.")
+	membersGauge            = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shardkeeper_members",
+		Help: "Live members of the topology's registry: state workload for pods of the workload StatefulSet, foreign for anyone else who joined with the DSN (status.members).",
+	}, []string{"namespace", "name", "state"})
+	resetAllowedGauge = topologyGauge("shardkeeper_reset_permission_allowed", "1 when the RESET permission published for the workers allows RESET-based takeover.")
 
 	phaseGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "shardkeeper_topology_phase",
@@ -112,7 +117,7 @@ var allPhases = []topologyv1.Phase{
 // gaugeVecs are every per-topology gauge, for forgetMetrics.
 var gaugeVecs = []*prometheus.GaugeVec{
 	unitsGauge, unitsMultiplyOwnedGauge, unitsRetiringGauge, podsDoneGauge, podsTotalGauge, unitsMovedGauge, unitsToMoveGauge,
-	censusBelowFloorGauge, censusTimestampGauge, resetAllowedGauge, phaseGauge, conditionGauge, epochGauge, rolloutStepGauge,
+	censusBelowFloorGauge, censusTimestampGauge, resetAllowedGauge, membersGauge, phaseGauge, conditionGauge, epochGauge, rolloutStepGauge,
 	censusServerGauge, censusMinVersionGauge, resetBlockedGauge,
 }
 
@@ -153,6 +158,10 @@ func recordStatusMetrics(key types.NamespacedName, st *topologyv1.ShardTopologyS
 		unitsGauge.WithLabelValues(ns, name, unitStateUnowned).Set(float64(u.Unowned))
 		unitsMultiplyOwnedGauge.WithLabelValues(ns, name).Set(float64(u.MultiplyOwned))
 		unitsRetiringGauge.WithLabelValues(ns, name).Set(float64(u.Retiring))
+	}
+	if m := st.Members; m != nil {
+		membersGauge.WithLabelValues(ns, name, "workload").Set(float64(m.Live - m.Foreign))
+		membersGauge.WithLabelValues(ns, name, "foreign").Set(float64(m.Foreign))
 	}
 	var done, total, moved, toMove int32
 	rolloutStepGauge.DeletePartialMatch(topo)

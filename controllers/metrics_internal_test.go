@@ -70,3 +70,34 @@ func seriesValue(t *testing.T, g *prometheus.GaugeVec, key types.NamespacedName)
 	}
 	return v, found
 }
+
+// Which member names are pods of the workload: <statefulSet>-<ordinal>
+// within the replicas (spec or status, whichever is larger), from
+// spec.ordinals.start.
+func TestWorkloadPodsAreTheStatefulSetsOrdinals(t *testing.T) {
+	w := &workloadPods{name: "ingest", start: 0, replicas: 3}
+	shifted := &workloadPods{name: "ingest", start: 5, replicas: 2}
+	tests := []struct {
+		w      *workloadPods
+		member string
+		want   bool
+	}{
+		{w, "ingest-0", true},
+		{w, "ingest-2", true},
+		{w, "ingest-3", false},
+		{w, "ingest-01", false},
+		{w, "ingest-x", false},
+		{w, "ingest-", false},
+		{w, "ingest-canary-0", false},
+		{w, "laptop-debug", false},
+		{w, "other-0", false},
+		{shifted, "ingest-5", true},
+		{shifted, "ingest-6", true},
+		{shifted, "ingest-0", false},
+	}
+	for _, tt := range tests {
+		if got := tt.w.isPod(tt.member); got != tt.want {
+			t.Errorf("%+v isPod(%q) = %v, want %v", *tt.w, tt.member, got, tt.want)
+		}
+	}
+}

@@ -118,6 +118,7 @@ func (s *scope) observation(err error) observation {
 		roll:        s.roll,
 		provisioned: s.provisioned,
 		spec:        s.topo.Spec.Shape(),
+		workload:    workloadOf(s.sts),
 	}
 	o.retiring = len(s.retiringSet())
 	var stall *StallError

@@ -38,6 +38,8 @@ type observation struct {
 	provisioned *topologyv1.TopologyShape
 	// retiring counts units outside the active epoch whose consumers exist.
 	retiring int
+	// workload names the workload's pods; nil when it was not read.
+	workload *workloadPods
 }
 
 // registryView is a snapshot and what was read with it.
@@ -182,6 +184,9 @@ func applyWorld(st *topologyv1.ShardTopologyStatus, t *topologyv1.ShardTopology,
 		f := o.registry.flow()
 		st.Units = &topologyv1.UnitCounts{Total: int32(total), Owned: int32(owned), Unowned: int32(total - owned), Retiring: int32(o.retiring),
 			MultiplyOwned: int32(f.multiplyOwned), Stalled: int32(len(f.stalled))}
+	}
+	if o.workload != nil {
+		st.Members = memberStatus(snap, o.registry.claims, o.workload)
 	}
 	if o.provisioned != nil {
 		p := *o.provisioned

@@ -113,6 +113,9 @@ const (
 	// password, a database that does not exist, or a role without the
 	// privileges the operator needs.
 	ReasonRegistryRefused = "RegistryRefused"
+	// ReasonForeignMember is the Event reason for a live member of the
+	// registry that is not a pod of the workload StatefulSet.
+	ReasonForeignMember = "ForeignMember"
 	// ReasonNATSAuthorizationFailed means NATS refused the credentials in
 	// spec.nats.credentialsSecretRef.
 	ReasonNATSAuthorizationFailed = "NATSAuthorizationFailed"
@@ -557,6 +560,26 @@ type UnitCounts struct {
 	Retiring int32 `json:"retiring,omitempty"`
 }
 
+// MemberStatus counts the registry's live members of the topology.
+type MemberStatus struct {
+	// Live counts members holding a live lease.
+	Live int32 `json:"live"`
+	// Foreign counts live members whose name is not one of the workload
+	// StatefulSet's pods (<statefulSetName>-<ordinal> within its
+	// replicas): a worker started by hand, on a laptop, or by another
+	// workload with the same DSN. Placement gives them units like any
+	// member; the pod roll never restarts them.
+	// +optional
+	Foreign int32 `json:"foreign,omitempty"`
+	// ForeignNames names up to 16 of them, sorted.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	ForeignNames []string `json:"foreignNames,omitempty"`
+	// ForeignUnits counts the active epoch's units they hold.
+	// +optional
+	ForeignUnits int32 `json:"foreignUnits,omitempty"`
+}
+
 // TopologyShape is an N x V without an epoch number.
 type TopologyShape struct {
 	// Partitions is N.
@@ -788,6 +811,12 @@ type ShardTopologyStatus struct {
 	// Units counts the active epoch's units by ownership.
 	// +optional
 	Units *UnitCounts `json:"units,omitempty"`
+
+	// Members counts the registry's live members and names those that are
+	// not pods of the workload StatefulSet: anyone with the registry DSN
+	// can join and take units (README, "What a DSN holder can do").
+	// +optional
+	Members *MemberStatus `json:"members,omitempty"`
 
 	// Provisioned is the smallest N x V covering every unit consumer the
 	// operator created and has not retired yet. Units inside it but outside

@@ -222,6 +222,15 @@ var alertScenarios = []struct {
 		`shardkeeper_topology_phase{` + topo + `,phase="RollingOut"} 1x20 0x60`,
 	}, 40 * time.Minute, nil},
 
+	{"ShardTopologyForeignMembers", "a worker run by hand with the DSN", []string{
+		`shardkeeper_members{` + topo + `,state="workload"} 3x40`,
+		`shardkeeper_members{` + topo + `,state="foreign"} 0x2 1x38`,
+	}, 20 * time.Minute, []string{`{name="orders", namespace="ingest", state="foreign"}`}},
+	{"ShardTopologyForeignMembers", "healthy: only the workload's pods", []string{
+		`shardkeeper_members{` + topo + `,state="workload"} 3x40`,
+		`shardkeeper_members{` + topo + `,state="foreign"} 0x40`,
+	}, 20 * time.Minute, nil},
+
 	{"ShardkeeperOperatorAbsent", "no operator scraped at all", nil, 20 * time.Minute, []string{`{job="shardkeeper-metrics"}`}},
 	{"ShardkeeperOperatorAbsent", "both replicas down", []string{
 		`up{job="shardkeeper-metrics",instance="10.0.0.1:8443"} 0x40`,
@@ -260,7 +269,7 @@ func TestAlertsFireOnTheSeriesTheirFailureLeaves(t *testing.T) {
 		})
 	}
 	var uncovered []string
-	for _, name := range []string{"ShardTopologyStalled", "ShardTopologyVersionFloorNotMet", "ShardTopologyCensusStale", "ShardTopologyNotReady", "ShardkeeperOperatorAbsent"} {
+	for _, name := range []string{"ShardTopologyStalled", "ShardTopologyVersionFloorNotMet", "ShardTopologyCensusStale", "ShardTopologyNotReady", "ShardkeeperOperatorAbsent", "ShardTopologyForeignMembers"} {
 		if !covered[name] {
 			uncovered = append(uncovered, name)
 		}

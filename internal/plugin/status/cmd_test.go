@@ -91,6 +91,11 @@ func TestPrintShowsTheRolloutStepByStep(t *testing.T) {
 			"[ ] ingest-0             Waiting",
 			"now: pod ingest-1: handing over",
 		}},
+		{"members that are not pods of the workload are named", func(o *topologyv1.ShardTopology) {
+			midRollout(o)
+			o.Spec.Workload.StatefulSetName = "ingest"
+			o.Status.Members = &topologyv1.MemberStatus{Live: 3, Foreign: 1, ForeignNames: []string{"laptop-debug"}, ForeignUnits: 4}
+		}, []string{"Members:   3 live; 1 NOT pods of StatefulSet ingest, holding 4 units: laptop-debug"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

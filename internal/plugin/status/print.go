@@ -38,6 +38,16 @@ func Print(w io.Writer, t *topologyv1.ShardTopology, evs []eventsv1.Event, now t
 		}
 		fmt.Fprintf(w, "Units:     %s\n", line)
 	}
+	if m := st.Members; m != nil {
+		line := fmt.Sprintf("%d live", m.Live)
+		if m.Foreign > 0 {
+			line += fmt.Sprintf("; %d NOT pods of StatefulSet %s, holding %d units: %s", m.Foreign, t.Spec.Workload.StatefulSetName, m.ForeignUnits, strings.Join(m.ForeignNames, ", "))
+			if int(m.Foreign) > len(m.ForeignNames) {
+				line += ", ..."
+			}
+		}
+		fmt.Fprintf(w, "Members:   %s\n", line)
+	}
 	fmt.Fprintf(w, "Census:    %s\n", CensusLine(st.Census, now))
 	if p := st.Plan; p != nil && p.State == topologyv1.PlanProposalReady {
 		fmt.Fprintf(w, "\nPlan %s (%s, proposed %s ago): %s\n", p.Hash, p.State, Age(timeOf(p.ProposedAt), now), p.Message)
