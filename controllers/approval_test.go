@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/plugin/plugintest"
@@ -138,4 +140,74 @@ func TestManualApprovalWaitsRefusesAStaleHashAndProceedsOnTheCurrentOne(t *testi
 	// The annotation still names the plan rolled out: that approves
 	// nothing new and is not stale.
 	wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionTrue, topologyv1.ReasonReady)
+}
+
+// The approve annotation stays on the object after the change it
+// approved has finished. Once a pod roll (kubectl set image) finished
+// after that change, status.lastRollout describes the roll and no longer
+// carries the plan's hash, and the next change read the leftover
+// annotation as a stale approval: an immediate ApprovalRefused Warning.
+// It must wait for its own approval instead.
+// checks P7
+func TestAnApprovalOfAFinishedChangeIsNotRefusedAsStale(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 2, shards: 4})
+	f.topo.Spec.Rollout.Approval = topologyv1.ApprovalManual
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "w-0", false)
+	f.waitReady(60 * time.Second)
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 8 })
+	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if p := o.Status.Plan; p == nil || p.State != topologyv1.PlanProposalReady {
+			return fmt.Errorf("plan %+v, want ProposalReady", p)
+		}
+		return nil
+	})
+	approved := st.Status.Plan.Hash
+	f.update(func(o *topologyv1.ShardTopology) {
+		o.Annotations = map[string]string{topologyv1.ApproveAnnotation: approved}
+	})
+	st = f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if a := o.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 8 || o.Status.Phase != topologyv1.PhaseReady {
+			return fmt.Errorf("phase %s active %+v, want Ready at 2x8", o.Status.Phase, a)
+		}
+		return nil
+	})
+
+	// A pod roll finishes: its record replaces the change's, as
+	// finishedRollout writes it (the roll itself needs pods, which
+	// pod_roll_test.go runs; the record is what matters here).
+	now := metav1.Now()
+	before := st.DeepCopy()
+	st.Status.LastRollout = &topologyv1.LastRolloutStatus{Kind: topologyv1.RolloutKindPods, To: "ingest-7c9f", Result: topologyv1.RolloutSucceeded,
+		StartedAt: &now, FinishedAt: &now, Duration: &metav1.Duration{}}
+	if err := k.Status().Patch(context.Background(), st, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.get(); got.Annotations[topologyv1.ApproveAnnotation] != approved || got.Status.LastRollout.Kind != topologyv1.RolloutKindPods {
+		t.Fatalf("annotation %q last rollout %+v: the leftover approval or the roll's record is missing, the test proves nothing",
+			got.Annotations[topologyv1.ApproveAnnotation], got.Status.LastRollout)
+	}
+
+	// The next change waits for its own approval; the leftover one is
+	// neither applied nor refused.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 16 })
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if p := o.Status.Plan; p == nil || p.State != topologyv1.PlanProposalReady || p.To.ShardsPerPartition != 16 {
+			return fmt.Errorf("plan %+v, want a ProposalReady plan to 2x16", p)
+		}
+		return nil
+	})
+	consistently(t, 3*time.Second, func() error {
+		o := f.get()
+		if c := meta.FindStatusCondition(o.Status.Conditions, topologyv1.ConditionReady); c == nil || c.Reason != topologyv1.ReasonAwaitingApproval {
+			return fmt.Errorf("Ready %+v, want AwaitingApproval: the leftover approval %s was read as stale", c, approved)
+		}
+		if evs := listEvents(t, f.ns, "ApprovalRefused"); len(evs) > 0 {
+			return fmt.Errorf("ApprovalRefused Event: %s", evs[0].Note)
+		}
+		return nil
+	})
 }

@@ -134,8 +134,9 @@ func planHash(p ownership.Plan) string {
 type approval int
 
 const (
-	// approvalNone: no annotation, or it names the plan already rolled
-	// out (status.lastRollout.planHash), which approves nothing new.
+	// approvalNone: no annotation, or it names a plan already started
+	// (status.approvedPlanHash, status.lastRollout.planHash), which
+	// approves nothing new.
 	approvalNone approval = iota
 	// approvalStale: it names another plan.
 	approvalStale
@@ -152,6 +153,11 @@ func approvalOf(t *topologyv1.ShardTopology, hash string) approval {
 	case v == hash:
 		return approvalGranted
 	case t.Status.LastRollout != nil && v == t.Status.LastRollout.PlanHash:
+		return approvalNone
+	case v == t.Status.ApprovedPlanHash:
+		// The approval of a change that already started (and finished,
+		// or was aborted): it stays on the object until someone removes
+		// it, and the next change must not read it as a stale approval.
 		return approvalNone
 	}
 	return approvalStale

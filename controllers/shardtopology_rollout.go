@@ -230,6 +230,8 @@ type changeReport struct {
 	// awaiting: the plan waits for approval; refused: the approve
 	// annotation names another plan.
 	awaiting, refused bool
+	// approvedHash is the plan hash an approval started this reconcile.
+	approvedHash string
 }
 
 // rollOutTopology runs the row of changeRules that applies now.
@@ -370,6 +372,7 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 	s.change.step = topologyv1.StepFreeze
 	s.change.unitsToMove = int32(unitsToMove(w, s.claims))
 	if w.manual && s.plan != nil {
+		s.change.approvedHash = s.plan.Hash
 		r.event(s, eventNormal, "PlanApproved", "Approve", "plan %s approved by annotation %s; epoch %d (%s) written as pending",
 			s.plan.Hash, topologyv1.ApproveAnnotation, epoch, w.target)
 	}

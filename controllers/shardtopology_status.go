@@ -81,6 +81,9 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 	st := *t.Status.DeepCopy()
 	set := conditionSetter(&st, t.Generation, now)
 
+	if o.change.approvedHash != "" {
+		st.ApprovedPlanHash = o.change.approvedHash
+	}
 	held := o.change.held || o.roll.held
 	setPaused(set, o.paused, held, o.change.message, o.roll.message)
 	applyCensus(&st, set, o.census, t.Spec.NATS.AckWaitOrDefault())

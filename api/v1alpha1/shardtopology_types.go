@@ -842,6 +842,14 @@ type ShardTopologyStatus struct {
 	// +optional
 	LastRollout *LastRolloutStatus `json:"lastRollout,omitempty"`
 
+	// ApprovedPlanHash is the hash of the plan the approve annotation
+	// last started (under spec.rollout.approval: Manual). An annotation
+	// still carrying it once that change finished, succeeded or aborted,
+	// approves nothing new and is not refused as stale, even after a pod
+	// roll replaced status.lastRollout.
+	// +optional
+	ApprovedPlanHash string `json:"approvedPlanHash,omitempty"`
+
 	// Conditions: Ready, Reconciling, Stalled, VersionFloorMet,
 	// RolloutPaused.
 	// +optional
