@@ -16,12 +16,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
@@ -267,21 +269,67 @@ func ExactlyOneName(_ *cobra.Command, args []string) error {
 // t with a merge patch carrying t's resourceVersion, so a change someone
 // else made since t was read is not overwritten blindly: the API server
 // answers Conflict and the person runs the command again.
-func PatchAnnotation(ctx context.Context, c client.Client, t *topologyv1.ShardTopology, key string, value *string) error {
-	after := t.DeepCopy()
-	if value == nil {
-		delete(after.Annotations, key)
-	} else {
-		if after.Annotations == nil {
-			after.Annotations = map[string]string{}
+//
+// The operator writes status (and the finalizer) often, and each write
+// moves the resourceVersion: abort right after resume failed with "the
+// object has been modified" although nothing the person decided on had
+// changed. So on a conflict it reads the object again and patches again
+// when what a person writes is as they read it: the spec (generation),
+// the labels and the annotations, and the object is not being deleted;
+// recheck, when given, judges the fresh object too (a verb whose answer
+// depends on status refuses there if status now says otherwise).
+// Anything else is the conflict it was.
+func PatchAnnotation(ctx context.Context, c client.Client, t *topologyv1.ShardTopology, key string, value *string, recheck ...func(*topologyv1.ShardTopology) error) error {
+	read := t
+	for attempt := 0; ; attempt++ {
+		after := read.DeepCopy()
+		if value == nil {
+			delete(after.Annotations, key)
+		} else {
+			if after.Annotations == nil {
+				after.Annotations = map[string]string{}
+			}
+			after.Annotations[key] = *value
 		}
-		after.Annotations[key] = *value
+		err := c.Patch(ctx, after, client.MergeFromWithOptions(read, client.MergeFromWithOptimisticLock{}))
+		if err == nil {
+			*t = *after
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt == 4 {
+			return fmt.Errorf("patch annotation %s of shardtopology %s/%s: %w", key, t.Namespace, t.Name, err)
+		}
+		fresh := &topologyv1.ShardTopology{}
+		if gerr := c.Get(ctx, client.ObjectKeyFromObject(t), fresh); gerr != nil {
+			return fmt.Errorf("patch annotation %s of shardtopology %s/%s: %w (read again: %v)", key, t.Namespace, t.Name, err, gerr)
+		}
+		if what := changedByAPerson(t, fresh); what != "" {
+			return fmt.Errorf("patch annotation %s of shardtopology %s/%s: %s changed since it was read; run the command again: %w", key, t.Namespace, t.Name, what, err)
+		}
+		for _, check := range recheck {
+			if cerr := check(fresh); cerr != nil {
+				return cerr
+			}
+		}
+		read = fresh
 	}
-	if err := c.Patch(ctx, after, client.MergeFromWithOptions(t, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("patch annotation %s of shardtopology %s/%s: %w", key, t.Namespace, t.Name, err)
+}
+
+// changedByAPerson names what differs between the object as read and as
+// it is now among what people (or GitOps) write: "" when only what the
+// operator writes (status, finalizers) moved.
+func changedByAPerson(read, now *topologyv1.ShardTopology) string {
+	switch {
+	case now.Generation != read.Generation:
+		return "its spec"
+	case !maps.Equal(now.Annotations, read.Annotations):
+		return "its annotations"
+	case !maps.Equal(now.Labels, read.Labels):
+		return "its labels"
+	case !now.DeletionTimestamp.Equal(read.DeletionTimestamp):
+		return "its deletion"
 	}
-	*t = *after
-	return nil
+	return ""
 }
 
 // CheckDataFormat refuses an -o other than "" (the verb's own view), json

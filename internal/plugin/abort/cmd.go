@@ -60,7 +60,11 @@ func run(f *plugin.Factory, name string, clear bool) error {
 			return err
 		}
 		v := "true"
-		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.AbortAnnotation, &v); err != nil {
+		// What abort does depends on status: should the operator's status
+		// writes that moved the resourceVersion also have activated the
+		// change, abort is refused as when read.
+		recheck := func(fresh *topologyv1.ShardTopology) error { _, err := whatHappens(fresh); return err }
+		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.AbortAnnotation, &v, recheck); err != nil {
 			return err
 		}
 		fmt.Fprintf(f.Out, "shardtopology %s/%s: abort requested: %s The topology stays Stalled (RolloutAborted) until spec is %s again or: kubectl shardkeeper abort %s --clear\n",

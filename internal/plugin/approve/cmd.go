@@ -51,7 +51,15 @@ func run(f *plugin.Factory, name, hash string) error {
 			return fmt.Errorf("plan %s of shardtopology %s/%s is already approved; the operator starts it at its next reconcile", p.Hash, t.Namespace, t.Name)
 		}
 		v := p.Hash
-		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.ApproveAnnotation, &v); err != nil {
+		// Approve the plan that was read, or nothing: a status write that
+		// moved the resourceVersion may also have brought a new plan.
+		recheck := func(fresh *topologyv1.ShardTopology) error {
+			if fp := fresh.Status.Plan; fp == nil || fp.Hash != v || fp.State != topologyv1.PlanProposalReady {
+				return fmt.Errorf("the plan changed while approving: status.plan is now %s, not %s; review it again with kubectl shardkeeper plan %s", planText(fp), v, t.Name)
+			}
+			return nil
+		}
+		if err := plugin.PatchAnnotation(ctx, c, t, topologyv1.ApproveAnnotation, &v, recheck); err != nil {
 			return err
 		}
 		est := "unknown"
@@ -76,4 +84,11 @@ func fromShape(p *topologyv1.PlanStatus) string {
 		return "-"
 	}
 	return fmt.Sprintf("epoch %d (%dx%d)", p.From.Number, p.From.Partitions, p.From.ShardsPerPartition)
+}
+
+func planText(p *topologyv1.PlanStatus) string {
+	if p == nil {
+		return "gone"
+	}
+	return fmt.Sprintf("%s (%s)", p.Hash, p.State)
 }
