@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	appsv1 "k8s.io/api/apps/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -99,6 +100,10 @@ func NewFactory(streams genericiooptions.IOStreams) *Factory {
 		panic(err)
 	}
 	if err := eventsv1.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	// status -w reads the workload StatefulSet for a pending pod roll.
+	if err := appsv1.AddToScheme(scheme); err != nil {
 		panic(err)
 	}
 	return &Factory{ConfigFlags: genericclioptions.NewConfigFlags(true), IOStreams: streams, Scheme: scheme}

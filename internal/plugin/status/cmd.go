@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	appsv1 "k8s.io/api/apps/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/watch"
@@ -155,6 +156,7 @@ func (o *options) follow(ctx context.Context, c client.WithWatch, name string) e
 		return err
 	}
 	bar := newProgress(o.f.Out, time.Now())
+	bar.pending = func(t *topologyv1.ShardTopology) string { return podRollPending(ctx, c, t) }
 	for {
 		if done, err := bar.show(t); done {
 			return err
@@ -180,8 +182,16 @@ func (o *options) follow(ctx context.Context, c client.WithWatch, name string) e
 // (returned as an error or nil with done) or the watch closes (nil error,
 // to open another).
 func (o *options) consume(ctx context.Context, w watch.Interface, last *topologyv1.ShardTopology, bar *progress) (*topologyv1.ShardTopology, error) {
+	// A pod roll the StatefulSet still waits for ends without a change of
+	// the topology's status: look at the StatefulSet again now and then.
+	tick := time.NewTicker(rollPoll)
+	defer tick.Stop()
 	for {
 		select {
+		case <-tick.C:
+			if done, err := bar.show(last); done {
+				return last, doneErr{err}
+			}
 		case <-ctx.Done():
 			return last, o.ended(ctx, ctx.Err())
 		case ev, ok := <-w.ResultChan():
@@ -245,6 +255,42 @@ type progress struct {
 	start time.Time
 	last  string
 	tty   bool
+	// pending says why a Ready topology is not done yet ("" when it is).
+	pending func(*topologyv1.ShardTopology) string
+}
+
+// rollPoll is how often a watch that waits for a pod roll reads the
+// StatefulSet again.
+const rollPoll = 2 * time.Second
+
+// podRollPending says why the workload's pods still wait for a roll, or
+// "": after kubectl set image the topology stays Ready at an unchanged
+// generation until the operator starts rolling, so Ready alone ended the
+// watch at once. A pod roll is pending while the StatefulSet controller
+// has not seen its latest generation, or fewer pods than its replicas run
+// its update revision. Best effort: a person who may not read
+// StatefulSets gets the verdict of status alone.
+func podRollPending(ctx context.Context, c client.Reader, t *topologyv1.ShardTopology) string {
+	name := t.Spec.Workload.StatefulSetName
+	sts := &appsv1.StatefulSet{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: t.Namespace, Name: name}, sts); err != nil {
+		return ""
+	}
+	replicas := int32(1)
+	if sts.Spec.Replicas != nil {
+		replicas = *sts.Spec.Replicas
+	}
+	switch {
+	case sts.Status.ObservedGeneration == 0:
+		// No StatefulSet controller has reported on it (just created, or
+		// none runs, as in tests): nothing to judge by.
+		return ""
+	case sts.Status.ObservedGeneration < sts.Generation:
+		return fmt.Sprintf("StatefulSet %s changed (generation %d, its controller saw %d)", name, sts.Generation, sts.Status.ObservedGeneration)
+	case sts.Status.UpdateRevision != "" && sts.Status.UpdatedReplicas < replicas:
+		return fmt.Sprintf("StatefulSet %s has %d/%d pods at revision %s", name, sts.Status.UpdatedReplicas, replicas, sts.Status.UpdateRevision)
+	}
+	return ""
 }
 
 func newProgress(w io.Writer, start time.Time) *progress {
@@ -258,9 +304,15 @@ func newProgress(w io.Writer, start time.Time) *progress {
 }
 
 // show draws t if its line changed and reports whether the watch is over.
+// Ready is not the end while pending says a pod roll waits.
 func (p *progress) show(t *topologyv1.ShardTopology) (bool, error) {
 	done, err := Verdict(t)
 	line := ProgressLine(t)
+	if done && err == nil && p.pending != nil {
+		if why := p.pending(t); why != "" {
+			done, line = false, line+"; waiting for a pod roll: "+why
+		}
+	}
 	if line != p.last {
 		elapsed := time.Since(p.start).Truncate(time.Second)
 		if p.tty {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -235,3 +237,63 @@ func TestCompletionOffersTopologyNames(t *testing.T) {
 		t.Fatalf("completion %v:\n%s", r.Error, r.Out)
 	}
 }
+
+// After kubectl set image the topology is still Ready at an unchanged
+// generation until the operator starts the roll: --watch exited 0 at
+// once. It waits while the StatefulSet has pods not at its update
+// revision, and exits 0 once every pod is.
+func TestStatusWatchWaitsForAPendingPodRoll(t *testing.T) {
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	env.Topology(t, ns, func(o *topologyv1.ShardTopology) {
+		o.Status.ActiveEpoch = &topologyv1.TopologyEpoch{Number: 1, Partitions: 2, ShardsPerPartition: 4}
+		o.Status.Phase = topologyv1.PhaseReady
+		o.Status.Progress = "epoch 1 (2x4): units 8/8 owned"
+		o.Status.Conditions = []metav1.Condition{{Type: topologyv1.ConditionReady, Status: metav1.ConditionTrue, Reason: topologyv1.ReasonReady, Message: "m", LastTransitionTime: metav1.Now()}}
+	})
+	// The StatefulSet as its controller reports it right after kubectl set
+	// image: a new update revision, one of three pods on it.
+	labels := map[string]string{"app": "ingest"}
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "ingest", Namespace: ns},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:       ptr(int32(3)),
+			Selector:       &metav1.LabelSelector{MatchLabels: labels},
+			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "worker", Image: "worker:v2"}}},
+			},
+		},
+	}
+	if err := env.Client.Create(ctx, sts); err != nil {
+		t.Fatal(err)
+	}
+	sts.Status = appsv1.StatefulSetStatus{ObservedGeneration: sts.Generation, Replicas: 3, UpdatedReplicas: 1, CurrentRevision: "ingest-1", UpdateRevision: "ingest-2"}
+	if err := env.Client.Status().Update(ctx, sts); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan plugintest.Result, 1)
+	go func() { done <- env.Run(NewCmd, "status", "ingest", "-n", ns, "-w", "--timeout", "60s") }()
+	select {
+	case r := <-done:
+		t.Fatalf("status -w exited %d while 2 of 3 pods wait for the roll:\n%s", r.Code(), r.Out)
+	case <-time.After(3 * time.Second):
+	}
+	sts.Status.UpdatedReplicas, sts.Status.CurrentRevision = 3, "ingest-2"
+	if err := env.Client.Status().Update(ctx, sts); err != nil {
+		t.Fatal(err)
+	}
+	var r plugintest.Result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("status -w did not exit within 20s of the roll's end")
+	}
+	if r.Code() != 0 || !strings.Contains(r.Out, "waiting for a pod roll: StatefulSet ingest has 1/3 pods at revision ingest-2") {
+		t.Fatalf("exit %d (%v), want 0 after saying what it waited for:\n%s", r.Code(), r.Error, r.Out)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
