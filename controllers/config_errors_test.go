@@ -36,15 +36,20 @@ func TestPermanentConfigurationErrorsStallNamingTheField(t *testing.T) {
 		name      string
 		dsn       string
 		natsCreds string
-		reason    string
+		sysCreds  string // "" means the right ones
+		reason    string // "" means no stall
 		field     string
 	}{
-		{"a DSN that does not parse", "postgres://shardkeeper:hunter2-secret@127.0.0.1:notaport/registry", natstest.AppUser + ":" + natstest.AppPassword,
+		{"a DSN that does not parse", "postgres://shardkeeper:hunter2-secret@127.0.0.1:notaport/registry", natstest.AppUser + ":" + natstest.AppPassword, "",
 			topologyv1.ReasonInvalidRegistryDSN, "spec.registry.dsnSecretRef"},
-		{"a role that does not exist", noRole, natstest.AppUser + ":" + natstest.AppPassword,
+		{"a role that does not exist", noRole, natstest.AppUser + ":" + natstest.AppPassword, "",
 			topologyv1.ReasonRegistryRefused, "spec.registry.dsnSecretRef"},
-		{"NATS credentials the server refuses", good, natstest.AppUser + ":hunter2-wrong",
+		{"NATS credentials the server refuses", good, natstest.AppUser + ":hunter2-wrong", "",
 			topologyv1.ReasonNATSAuthorizationFailed, "spec.nats.credentialsSecretRef"},
+		// Wrong system credentials do not stall the topology: rollouts go
+		// on; the census fails closed and says which field to fix.
+		{"system credentials the server refuses", good, natstest.AppUser + ":" + natstest.AppPassword, natstest.SysUser + ":hunter2-wrong",
+			"", "spec.nats.systemCredentialsSecretRef"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,7 +58,7 @@ func TestPermanentConfigurationErrorsStallNamingTheField(t *testing.T) {
 			ctx := context.Background()
 			for name, data := range map[string]map[string]string{
 				"registry": {"dsn": tt.dsn},
-				"nats":     {"app": tt.natsCreds, "sys": natstest.SysUser + ":" + natstest.SysPassword},
+				"nats":     {"app": tt.natsCreds, "sys": nonEmptyOr(tt.sysCreds, natstest.SysUser+":"+natstest.SysPassword)},
 			} {
 				if err := k.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, StringData: data}); err != nil {
 					t.Fatal(err)
@@ -70,6 +75,17 @@ func TestPermanentConfigurationErrorsStallNamingTheField(t *testing.T) {
 			reconcileOnce(t, r, o)
 			got := reconcileOnce(t, r, o)
 
+			if tt.reason == "" {
+				// Not a stall: only the census needs the system account.
+				if c := condition(t, got, topologyv1.ConditionStalled); c.Status == metav1.ConditionTrue {
+					t.Fatalf("Stalled %s/%s: %s", c.Status, c.Reason, c.Message)
+				}
+				c := wantCondition(t, got, topologyv1.ConditionVersionFloorMet, metav1.ConditionFalse, topologyv1.ReasonCensusFailed)
+				if !strings.Contains(c.Message, tt.field) {
+					t.Fatalf("VersionFloorMet message %q does not name %s", c.Message, tt.field)
+				}
+				return
+			}
 			c := wantCondition(t, got, topologyv1.ConditionStalled, metav1.ConditionTrue, tt.reason)
 			wantCondition(t, got, topologyv1.ConditionReady, metav1.ConditionFalse, tt.reason)
 			if got.Status.Phase != topologyv1.PhaseStalled {
@@ -120,4 +136,11 @@ func TestPhaseLeavesStalledWhenTheStallBecomesARetry(t *testing.T) {
 	if got.Status.Phase == topologyv1.PhaseStalled {
 		t.Fatalf("phase Stalled beside Stalled=False: %s", conditionsString(got))
 	}
+}
+
+func nonEmptyOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
