@@ -219,6 +219,7 @@ func (r *ShardTopologyReconciler) patchStatus(ctx context.Context, s *scope, com
 		switch {
 		case err == nil:
 			r.statusEvents(before, after)
+			r.foreignMemberEvents(ctx, before, after)
 			recordStatusMetrics(s.key, &after.Status)
 			return nil
 		case apierrors.IsNotFound(err):
@@ -243,7 +244,6 @@ func (r *ShardTopologyReconciler) statusEvents(before, after *topologyv1.ShardTo
 	for _, t := range conditionTransitions(before.Status.Conditions, after.Status.Conditions) {
 		r.Recorder.Eventf(after, nil, t.eventType, t.reason, t.action, "%s", t.note)
 	}
-	r.foreignMemberEvents(before, after)
 	if after.Status.Phase == topologyv1.PhasePaused && before.Status.Phase != topologyv1.PhasePaused {
 		msg := ""
 		if after.Status.Rollout != nil {

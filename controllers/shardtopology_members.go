@@ -1,11 +1,13 @@
 package controllers
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -102,14 +104,16 @@ func newForeignMembers(before, after *topologyv1.MemberStatus) []string {
 	return out
 }
 
-// foreignMemberEvents records a Warning Event for each foreign member
-// status names for the first time.
-func (r *ShardTopologyReconciler) foreignMemberEvents(before, after *topologyv1.ShardTopology) {
+// foreignMemberEvents records a Warning Event, and logs, each foreign
+// member status names for the first time.
+func (r *ShardTopologyReconciler) foreignMemberEvents(ctx context.Context, before, after *topologyv1.ShardTopology) {
 	names := newForeignMembers(before.Status.Members, after.Status.Members)
 	if len(names) == 0 {
 		return
 	}
 	m := after.Status.Members
+	log.FromContext(ctx).Info("Members that are not pods of the workload joined the registry", "members", names,
+		"StatefulSet", after.Spec.Workload.StatefulSetName, "foreignMembers", m.Foreign, "foreignUnits", m.ForeignUnits)
 	r.Recorder.Eventf(after, nil, eventWarning, topologyv1.ReasonForeignMember, "ObserveRegistry",
 		"%s joined the registry but %s not a pod of StatefulSet %s; %d foreign members hold %d units. Anyone with the registry DSN can join: stop the process, or rotate the DSN's password",
 		strings.Join(names, ", "), isOrAre(len(names)), after.Spec.Workload.StatefulSetName, m.Foreign, m.ForeignUnits)
