@@ -58,6 +58,10 @@ const claimWriteSQL = `
 	 WHERE cl.fencing_epoch = excluded.fencing_epoch - 1
 	RETURNING cl.unit`
 
+// testHookClaimRead, when set by a test, runs after a claim batch's read
+// and before its write: the client stalled between its two round trips.
+var testHookClaimRead func()
+
 // Claim implements Registry as a batch of one unit, so single and batch
 // claims share one code path.
 func (p *PG) Claim(ctx context.Context, m MemberRef, under int64, unit string) (Claim, error) {
@@ -98,6 +102,9 @@ func (p *PG) claimBatch(ctx context.Context, m MemberRef, under int64, units []s
 	if err != nil {
 		rollback(ctx, conn)
 		return nil, err
+	}
+	if testHookClaimRead != nil {
+		testHookClaimRead()
 	}
 	outs, writes := decideBatch(m, under, units, v)
 	written, err := writeClaims(ctx, conn, m, under, v.Now, writes)

@@ -1,0 +1,80 @@
+package poolctl
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// renewBound is how long a healthy member's Renew may take while another
+// client is stalled in the middle of an operation: far below every query
+// bound (DefaultParams: 2s), far above a statement on a loaded machine.
+const renewBound = 1500 * time.Millisecond
+
+// noSessionTimeouts is a registry whose server never ends an idle
+// transaction or a lock wait, so a test sees what the registry itself
+// holds, not what the backstops release.
+func noSessionTimeouts(t *testing.T) *PG {
+	t.Helper()
+	reg, err := Open(context.Background(), Config{DSN: newDatabase(t), MaxConns: 8,
+		LockTimeout: time.Minute, IdleInTransactionTimeout: time.Minute})
+	must(t, err)
+	t.Cleanup(reg.Close)
+	return reg
+}
+
+// Defect 3 of issue 20: a claimer stalled between the round trips of a
+// claim (SIGSTOPped, or cut off) must not hold any lock another member's
+// Renew needs. The claim below reads a unit the owner holds, so a claim
+// read that locked the owner's member row would block its renewal until a
+// session timeout, and the owner would fence itself.
+func TestStalledClaimDoesNotDelayOtherMembersRenewals(t *testing.T) { // checks P5
+	reg := noSessionTimeouts(t)
+	ctx := context.Background()
+	topo := newTopology(t, reg, testParams, 1, 4)
+	owner, err := reg.Join(ctx, topo, "owner")
+	must(t, err)
+	_, err = reg.Claim(ctx, owner.MemberRef, 1, "0.0")
+	must(t, err)
+	claimer, err := reg.Join(ctx, topo, "claimer")
+	must(t, err)
+
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	testHookClaimRead = func() { close(stalled); <-resume }
+	t.Cleanup(func() { testHookClaimRead = nil })
+	type result struct {
+		outs []ClaimOutcome
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		outs, err := reg.ClaimMany(ctx, claimer.MemberRef, 1, []string{"0.0", "0.1"})
+		done <- result{outs, err}
+	}()
+	<-stalled
+	testHookClaimRead = nil
+
+	// The fault took effect: the claim is stalled mid-way.
+	select {
+	case r := <-done:
+		t.Fatalf("the claim finished while its client was stalled: %v", r.err)
+	default:
+	}
+	for _, m := range []MemberRef{owner.MemberRef, claimer.MemberRef} {
+		rctx, cancel := context.WithTimeout(ctx, renewBound)
+		start := time.Now()
+		_, err := reg.Renew(rctx, m)
+		cancel()
+		if err != nil {
+			t.Fatalf("renew of %s while a claim is stalled mid-way: %v after %v (want done within %v)",
+				m.Member, err, time.Since(start).Round(time.Millisecond), renewBound)
+		}
+	}
+	close(resume)
+	r := <-done
+	must(t, r.err)
+	if !errors.Is(r.outs[0].Err, ErrHeld) || r.outs[1].Err != nil {
+		t.Fatalf("claim after the stall: 0.0 %v, 0.1 %v; want held, claimed", r.outs[0].Err, r.outs[1].Err)
+	}
+}
