@@ -8,20 +8,24 @@ import (
 )
 
 // confirmSQL is ConfirmOwned's single statement. It checks the member's
-// lease and, when mayRehome allows (the same condition in SQL: no earlier
-// incarnation may still be delivering), re-homes claims of earlier
+// lease and, when mayRehome allows and no epoch is pending (the same
+// conditions in SQL: no earlier incarnation may still be delivering, and
+// no ownership moves during a freeze, P2), re-homes claims of earlier
 // incarnations onto this one, raising their epochs so older tokens go
-// stale; it locks them in unit order first, as claim batches do. It
+// stale; it locks them in unit order first, as claim batches do, and the
+// active epoch FOR SHARE, so an activation waits for it as for a claim. It
 // returns one member row, one row per held claim, one per claim still
 // waiting for the re-home grace, and one per expected unit no longer held.
 var confirmSQL = `
 	WITH t AS (SELECT shardkeeper.clock(topology) AS now, grace FROM shardkeeper.topologies WHERE topology = $1),
 	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 	ok AS (SELECT 1 FROM me, t WHERE me.incarnation = $3 AND me.left_at IS NULL AND me.lease_expires_at > t.now),
-	may AS (SELECT 1 FROM me, t WHERE me.prev_lease_expires_at IS NULL OR me.prev_lease_expires_at + t.grace <= t.now),
+	may AS (SELECT 1 FROM me, t WHERE (me.prev_lease_expires_at IS NULL OR me.prev_lease_expires_at + t.grace <= t.now)
+	          AND NOT EXISTS (SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending')),
+	ae AS MATERIALIZED (SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active' FOR SHARE),
 	lk AS MATERIALIZED (
 		SELECT c.unit FROM shardkeeper.claims c
-		 WHERE EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM may)
+		 WHERE EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM may) AND (SELECT count(*) FROM ae) >= 0
 		   AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free' AND c.owner_incarnation <> $3
 		 ORDER BY c.unit FOR UPDATE),
 	rehome AS (

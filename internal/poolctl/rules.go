@@ -175,6 +175,69 @@ func pickSlot(self *memberRow, members []memberRow, now time.Time) (slot int, ta
 	}
 }
 
+// joinView is everything a join reads, in one consistent view.
+type joinView struct {
+	NextInc int64
+	Now     time.Time
+	Params  Params
+	Members []memberRow
+}
+
+// joinDecision is what a join writes.
+type joinDecision struct {
+	// Prev is the member's row before the join (nil: never joined), and
+	// Taken the member that is not live whose slot the join takes (nil:
+	// none). PG writes only if both are still as read.
+	Prev, Taken *memberRow
+	// Row is the member row the join writes.
+	Row memberRow
+	// LiftsFence says the join lifts a fence (the earlier incarnation was
+	// fenced or its lease lapsed): Row.FenceLiftedAt is the join's time.
+	LiftsFence bool
+}
+
+// decideJoin applies the membership rules to one view. A rejoin (the
+// process that held ref.Incarnation) is refused while a later incarnation
+// is live (checkDisplaced).
+func decideJoin(ref MemberRef, rejoin bool, v joinView) (joinDecision, error) {
+	var prev *memberRow
+	for i := range v.Members {
+		if v.Members[i].Name == ref.Member {
+			prev = &v.Members[i]
+		}
+	}
+	if rejoin {
+		if err := checkDisplaced(ref, prev, v.Now); err != nil {
+			return joinDecision{}, err
+		}
+	}
+	slot, taken := pickSlot(prev, v.Members, v.Now)
+	d := joinDecision{Prev: prev, Row: joinRow(ref.Member, prev, slot, v.NextInc, v.Now, v.Params.LeaseTTL),
+		LiftsFence: prev != nil && (prev.Fenced || !prev.live(v.Now))}
+	for i := range v.Members {
+		if taken != "" && v.Members[i].Name == taken {
+			d.Taken = &v.Members[i]
+		}
+	}
+	return d, nil
+}
+
+// checkDisplaced refuses a rejoin by the process that held ref's
+// incarnation when a later incarnation of the same name (another process
+// under the same pod name, which joined since) is live. The later process
+// keeps the name: were the earlier one allowed back, each would displace
+// the other at every renewal, and since a join makes the same-name grace
+// start again from the displaced incarnation's expiry, neither would ever
+// get the units re-homed (issue 20, defect 6). Once the later incarnation
+// has left or its lease has lapsed, the rejoin proceeds.
+func checkDisplaced(ref MemberRef, cur *memberRow, now time.Time) error {
+	if cur == nil || cur.Left || cur.Incarnation <= ref.Incarnation || !cur.live(now) {
+		return nil
+	}
+	return &DisplacedError{Member: ref.Member, Incarnation: ref.Incarnation, Current: cur.Incarnation,
+		LiveUntil: cur.LeaseExpiresAt}
+}
+
 // joinRow is the member row a join writes. It starts the incarnation at
 // fence generation 0 and records until when an earlier, not departed
 // incarnation may still be delivering (see rehomeAt).
