@@ -180,8 +180,8 @@ func (b *boundedRegistry) Observe(ctx context.Context, topology string) (poolctl
 	return bounded(ctx, b, "Observe", func(c context.Context) (poolctl.Observation, error) { return b.inner.Observe(c, topology) })
 }
 
-func (b *boundedRegistry) Rejoin(ctx context.Context, m poolctl.MemberRef) (poolctl.Lease, error) {
-	return bounded(ctx, b, "Rejoin", func(c context.Context) (poolctl.Lease, error) { return b.inner.Rejoin(c, m) })
+func (b *boundedRegistry) Rejoin(ctx context.Context, m poolctl.MemberRef, process string) (poolctl.Lease, error) {
+	return bounded(ctx, b, "Rejoin", func(c context.Context) (poolctl.Lease, error) { return b.inner.Rejoin(c, m, process) })
 }
 
 func (b *boundedRegistry) Claims(ctx context.Context, topology string) ([]poolctl.ClaimInfo, error) {

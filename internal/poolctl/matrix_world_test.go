@@ -76,6 +76,11 @@ type actor struct {
 	waiting map[string]bool
 	stopped map[string]bool // handing over or releasing
 	pending int64           // operator: the pending epoch it created
+	// process names the actor's current process for Rejoin, and lastInc
+	// is the last incarnation that process was granted (0: none yet).
+	process string
+	lastInc int64
+	starts  int
 }
 
 func (a *actor) ref() MemberRef { return a.lease.MemberRef }
@@ -101,6 +106,9 @@ func (w *world) delivering(a *actor, unit string) bool {
 func (a *actor) wipe() {
 	a.lease, a.held, a.stopped, a.waiting = nil, map[string]heldToken{}, map[string]bool{}, map[string]bool{}
 	a.localFence, a.fenced, a.stalled, a.pending, a.fenceGen = false, false, false, 0, 0
+	// A wipe is a new process.
+	a.starts++
+	a.process, a.lastInc = fmt.Sprintf("%s#%d", a.name, a.starts), 0
 }
 
 // world is one combination's run.

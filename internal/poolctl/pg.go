@@ -193,7 +193,7 @@ func (p *PG) EnsureTopology(ctx context.Context, topology string, prm Params) er
 // memberColCount and claimColCount are how many columns memberCols and
 // claimCols select, for statements that pad with NULLs.
 const (
-	memberColCount = 10
+	memberColCount = 11
 	claimColCount  = 11
 )
 
@@ -202,7 +202,7 @@ const (
 func memberCols(a string) string {
 	return fmt.Sprintf(`%[1]s.member, coalesce(%[1]s.slot, -1), %[1]s.incarnation, %[1]s.lease_expires_at,
 		%[1]s.left_at IS NOT NULL, %[1]s.fenced, %[1]s.fence_lifted_at, %[1]s.fence_gen, %[1]s.draining,
-		%[1]s.prev_lease_expires_at`, a)
+		%[1]s.prev_lease_expires_at, %[1]s.process`, a)
 }
 
 // memberScan holds a possibly absent member row while scanning.
@@ -217,11 +217,12 @@ type memberScan struct {
 	fenceGen    *int64
 	draining    *bool
 	prevExpires *time.Time
+	process     *string
 }
 
 func (s *memberScan) dest() []any {
 	return []any{&s.name, &s.slot, &s.incarnation, &s.expires, &s.left, &s.fenced, &s.lifted, &s.fenceGen,
-		&s.draining, &s.prevExpires}
+		&s.draining, &s.prevExpires, &s.process}
 }
 
 func (s *memberScan) row() *memberRow {
@@ -235,6 +236,9 @@ func (s *memberScan) row() *memberRow {
 	}
 	if s.prevExpires != nil {
 		m.PrevLeaseExpiresAt = *s.prevExpires
+	}
+	if s.process != nil {
+		m.Process = *s.process
 	}
 	return m
 }

@@ -68,14 +68,19 @@ const joinCheckSQL = `
 const joinWriteSQL = `
 	WITH t AS (SELECT shardkeeper.clock(topology) AS now FROM shardkeeper.topologies WHERE topology = $1)
 	INSERT INTO shardkeeper.members AS m (topology, member, slot, incarnation, lease_expires_at, fenced, fence_lifted_at,
-		fence_gen, prev_lease_expires_at, joined_at)
-	SELECT $1, $2, $3, $4, t.now + $5::interval, false, CASE WHEN $6 THEN t.now ELSE $7::timestamptz END, 0, $8, t.now
+		fence_gen, prev_lease_expires_at, joined_at, process)
+	SELECT $1, $2, $3, $4, t.now + $5::interval, false, CASE WHEN $6 THEN t.now ELSE $7::timestamptz END, 0, $8, t.now,
+	       nullif($9, '')
 	  FROM t WHERE current_setting('shardkeeper.join_ok', true) = '1'
 	ON CONFLICT (topology, member) DO UPDATE SET slot = excluded.slot, incarnation = excluded.incarnation,
 		lease_expires_at = excluded.lease_expires_at, fenced = false, fence_lifted_at = excluded.fence_lifted_at,
 		fence_gen = 0, prev_lease_expires_at = excluded.prev_lease_expires_at,
-		joined_at = excluded.joined_at, left_at = NULL
+		joined_at = excluded.joined_at, left_at = NULL, process = excluded.process
 	RETURNING m.lease_expires_at`
+
+// testHookJoinRead, when set by a test, runs after a join's read and
+// before its decision and write.
+var testHookJoinRead func()
 
 // maxJoinAttempts bounds how often a join decides again after its view
 // changed before it gives up with ErrConflict.
@@ -83,15 +88,15 @@ const maxJoinAttempts = 4
 
 // Join implements Registry.
 func (p *PG) Join(ctx context.Context, topology, member string) (Lease, error) {
-	return p.join(ctx, MemberRef{Topology: topology, Member: member}, false)
+	return p.join(ctx, MemberRef{Topology: topology, Member: member}, false, "")
 }
 
 // Rejoin implements Registry.
-func (p *PG) Rejoin(ctx context.Context, m MemberRef) (Lease, error) {
-	return p.join(ctx, m, true)
+func (p *PG) Rejoin(ctx context.Context, m MemberRef, process string) (Lease, error) {
+	return p.join(ctx, m, true, process)
 }
 
-func (p *PG) join(ctx context.Context, ref MemberRef, rejoin bool) (Lease, error) {
+func (p *PG) join(ctx context.Context, ref MemberRef, rejoin bool, process string) (Lease, error) {
 	if ref.Member == "" {
 		return Lease{}, fmt.Errorf("join: empty member name: %w", ErrInvalid)
 	}
@@ -105,7 +110,10 @@ func (p *PG) join(ctx context.Context, ref MemberRef, rejoin bool) (Lease, error
 		if err != nil {
 			return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
 		}
-		d, err := decideJoin(ref, rejoin, v)
+		if testHookJoinRead != nil {
+			testHookJoinRead()
+		}
+		d, err := decideJoin(ref, rejoin, process, v)
 		if err != nil {
 			return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
 		}
@@ -170,7 +178,7 @@ func writeJoin(ctx context.Context, conn *pgxpool.Conn, ref MemberRef, v joinVie
 		nullTime(self.PrevLeaseExpiresAt), self.Slot,
 		taken.Name, taken.Slot, taken.Incarnation, taken.LeaseExpiresAt, taken.Left)
 	b.Queue(joinWriteSQL, ref.Topology, ref.Member, d.Row.Slot, v.NextInc, v.Params.LeaseTTL, d.LiftsFence,
-		nullTime(d.Row.FenceLiftedAt), nullTime(d.Row.PrevLeaseExpiresAt))
+		nullTime(d.Row.FenceLiftedAt), nullTime(d.Row.PrevLeaseExpiresAt), d.Row.Process)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()

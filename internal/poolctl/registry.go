@@ -31,17 +31,24 @@ type Registry interface {
 	// turn.
 	Join(ctx context.Context, topology, member string) (Lease, error)
 	// Rejoin is Join for the process that held incarnation m.Incarnation
-	// of m.Member. While a later incarnation of the name (another process
-	// under the same pod name, which joined since) is live, it is refused
-	// with a *DisplacedError (ErrDisplaced) and changes nothing: the later
-	// process keeps the name. The caller has been displaced, not merely
-	// lost its lease: it must not deliver, and should stop, or wait until
-	// DisplacedError.LiveUntil before it tries again (the later process
-	// may die). Once the later incarnation has left or lapsed, Rejoin
-	// proceeds as Join. An incarnation that Renew, Fence or ConfirmOwned
-	// refuse with ErrStaleIncarnation has been displaced too; Rejoin tells
-	// the caller whether that is still so.
-	Rejoin(ctx context.Context, m MemberRef) (Lease, error)
+	// of m.Member (0: it never had a lease). process names the calling
+	// process, the same string for its whole life and different for every
+	// process (say the pod UID and the process's start time); the registry
+	// records it with the incarnation it grants.
+	//
+	// While a later incarnation of the name, granted to another process
+	// (one under the same pod name that joined since), is live, Rejoin is
+	// refused with a *DisplacedError (ErrDisplaced) and changes nothing:
+	// the later process keeps the name. The caller has been displaced, not
+	// merely lost its lease: it must not deliver, and should stop, or wait
+	// until DisplacedError.LiveUntil before it tries again (the later
+	// process may die). A later incarnation granted to the same process
+	// (a Rejoin whose reply was lost) does not displace it. Once the later
+	// incarnation has left or lapsed, and for m.Incarnation 0, Rejoin
+	// proceeds as Join does. An incarnation that Renew, Fence or
+	// ConfirmOwned refuse with ErrStaleIncarnation may have been
+	// displaced: Rejoin tells the caller whether it still is.
+	Rejoin(ctx context.Context, m MemberRef, process string) (Lease, error)
 	// Renew extends a live lease. A lease that has expired cannot be
 	// renewed: the member must Join again (ErrLeaseExpired).
 	Renew(ctx context.Context, m MemberRef) (Lease, error)

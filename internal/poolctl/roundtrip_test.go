@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/shardkeeper/shardkeeper/internal/testbed"
 )
 
 // renewBound is how long a healthy member's Renew may take while another
@@ -76,5 +78,75 @@ func TestStalledClaimDoesNotDelayOtherMembersRenewals(t *testing.T) { // checks 
 	must(t, r.err)
 	if !errors.Is(r.outs[0].Err, ErrHeld) || r.outs[1].Err != nil {
 		t.Fatalf("claim after the stall: 0.0 %v, 0.1 %v; want held, claimed", r.outs[0].Err, r.outs[1].Err)
+	}
+}
+
+// Issue 20's suspected "the claim read takes now before waiting on row
+// locks": a claim that waits for a lock is judged, and its At stamped, on
+// the registry's clock after the wait. Here a writer holds the unit's row
+// while the clock moves 10s; the claim must be decided at the later time.
+func TestClaimJudgesOnTheClockReadAfterItsLocks(t *testing.T) {
+	reg := noSessionTimeouts(t)
+	ctx := context.Background()
+	topo := newTopology(t, reg, testParams, 1, 4)
+	a, err := reg.Join(ctx, topo, "a")
+	must(t, err)
+	first, err := reg.Claim(ctx, a.MemberRef, 1, "0.1")
+	must(t, err)
+	must(t, reg.Release(ctx, first.Token))
+
+	holder, err := reg.Pool().Begin(ctx)
+	must(t, err)
+	defer holder.Rollback(ctx)
+	_, err = holder.Exec(ctx, `SELECT 1 FROM shardkeeper.claims WHERE topology = $1 AND unit = '0.1' FOR UPDATE`, topo)
+	must(t, err)
+	type result struct {
+		c   Claim
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := reg.Claim(ctx, a.MemberRef, 1, "0.1")
+		done <- result{c, err}
+	}()
+	// The fault took effect: the claim waits for the row lock.
+	testbed.Eventually(t, 10*time.Second, func() error {
+		var n int
+		if err := reg.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND database =
+			(SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return errors.New("the claim does not wait for the held row yet")
+		}
+		return nil
+	})
+	must(t, reg.ShiftClock(ctx, topo, 10*time.Second))
+	s, err := reg.Snapshot(ctx, topo)
+	must(t, err)
+	must(t, holder.Rollback(ctx))
+	r := <-done
+	must(t, r.err)
+	if r.c.At.Before(s.Now) {
+		t.Fatalf("claim decided at %v, before the clock (%v) read after it got its lock", r.c.At, s.Now)
+	}
+}
+
+// The session timeouts are backstops that must end a stalled session
+// before a Renew queued behind it times out: idle < lock < query bound,
+// all far below the lease.
+func TestDefaultSessionTimeoutsEndBeforeARenewalTimesOut(t *testing.T) {
+	p := DefaultParams()
+	if !(DefaultIdleInTransactionTimeout < DefaultLockTimeout && DefaultLockTimeout < p.QueryBound &&
+		p.QueryBound < p.LeaseTTL) {
+		t.Fatalf("idle-in-transaction %v, lock %v, query bound %v, lease %v: want them in increasing order",
+			DefaultIdleInTransactionTimeout, DefaultLockTimeout, p.QueryBound, p.LeaseTTL)
+	}
+	got := Config{}.runtimeParams()
+	for name, want := range map[string]string{"lock_timeout": "1500", "idle_in_transaction_session_timeout": "1000",
+		"statement_timeout": "30000"} {
+		if got[name] != want {
+			t.Fatalf("%s = %q ms, want %s", name, got[name], want)
+		}
 	}
 }

@@ -7,16 +7,16 @@ import (
 
 // Join implements Registry.
 func (t *Twin) Join(_ context.Context, topology, member string) (Lease, error) {
-	return t.join(MemberRef{Topology: topology, Member: member}, false)
+	return t.join(MemberRef{Topology: topology, Member: member}, false, "")
 }
 
 // Rejoin implements Registry.
-func (t *Twin) Rejoin(_ context.Context, m MemberRef) (Lease, error) {
-	return t.join(m, true)
+func (t *Twin) Rejoin(_ context.Context, m MemberRef, process string) (Lease, error) {
+	return t.join(m, true, process)
 }
 
 // join decides by the rules PG applies (decideJoin) and writes.
-func (t *Twin) join(ref MemberRef, rejoin bool) (Lease, error) {
+func (t *Twin) join(ref MemberRef, rejoin bool, process string) (Lease, error) {
 	if ref.Member == "" {
 		return Lease{}, fmt.Errorf("join: empty member name: %w", ErrInvalid)
 	}
@@ -30,7 +30,7 @@ func (t *Twin) join(ref MemberRef, rejoin bool) (Lease, error) {
 	for _, m := range tp.members {
 		v.Members = append(v.Members, *m)
 	}
-	d, err := decideJoin(ref, rejoin, v)
+	d, err := decideJoin(ref, rejoin, process, v)
 	if err != nil {
 		return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
 	}
