@@ -3,6 +3,7 @@ package poolctl
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,8 +44,12 @@ func TestStalledClaimDoesNotDelayOtherMembersRenewals(t *testing.T) { // checks 
 	must(t, err)
 
 	stalled, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unstall := func() { once.Do(func() { close(resume) }) }
 	testHookClaimRead = func() { close(stalled); <-resume }
-	t.Cleanup(func() { testHookClaimRead = nil })
+	// Runs before the registry closes, which waits for the claim's
+	// connection.
+	t.Cleanup(func() { testHookClaimRead = nil; unstall() })
 	type result struct {
 		outs []ClaimOutcome
 		err  error
@@ -73,7 +78,7 @@ func TestStalledClaimDoesNotDelayOtherMembersRenewals(t *testing.T) { // checks 
 				m.Member, err, time.Since(start).Round(time.Millisecond), renewBound)
 		}
 	}
-	close(resume)
+	unstall()
 	r := <-done
 	must(t, r.err)
 	if !errors.Is(r.outs[0].Err, ErrHeld) || r.outs[1].Err != nil {
