@@ -117,8 +117,8 @@ func TestClaimJudgesOnTheClockReadAfterItsLocks(t *testing.T) {
 	// The fault took effect: the claim waits for the row lock.
 	testbed.Eventually(t, 10*time.Second, func() error {
 		var n int
-		if err := reg.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND database =
-			(SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil {
+		if err := reg.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
 			return err
 		}
 		if n == 0 {
