@@ -210,14 +210,15 @@ func (w *world) do(a *actor, what string, inject bool, f func(r Registry) error)
 	return err, committed
 }
 
-// multiTrip says whether PG runs the call as a transaction of several
-// round trips, so a connection cut at its first reply rolls it back; a
-// single statement has committed by the time its first reply is sent.
-// The twin simulates wire faults with it.
+// multiTrip says whether PG runs the call in several round trips, so a
+// connection cut at its first reply (the read's) leaves nothing done; a
+// single statement, or a pipelined transaction (Leave, CreatePending,
+// Activate), has committed by the time its first reply is sent. The twin
+// simulates wire faults with it.
 func multiTrip(what string) bool {
 	op, _, _ := strings.Cut(what, " ")
 	switch op {
-	case "join", "claim", "claim-many", "create-pending", "activate":
+	case "join", "claim", "claim-many":
 		return true
 	}
 	return false
