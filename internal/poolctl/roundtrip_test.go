@@ -155,3 +155,35 @@ func TestDefaultSessionTimeoutsEndBeforeARenewalTimesOut(t *testing.T) {
 		}
 	}
 }
+
+// A claim decides without locks, so its write must apply only where the
+// decision still holds. Here an adoption is decided from the owner's
+// lapsed lease, and the owner rejoins before the write: a member that
+// rejoins protects its units at once, so the claim is decided again and
+// refused. checks P5
+func TestAdoptionDecidedBeforeTheOwnerRejoinsIsDecidedAgain(t *testing.T) {
+	pg, _ := newPG(t)
+	ctx := context.Background()
+	topo := newTopology(t, pg, testParams, 1, 4)
+	owner, err := pg.Join(ctx, topo, "owner")
+	must(t, err)
+	_, err = pg.Claim(ctx, owner.MemberRef, 1, "0.0")
+	must(t, err)
+	c, err := pg.Join(ctx, topo, "claimer")
+	must(t, err)
+	lapse(t, pg, topo, c.MemberRef)
+	reads := 0
+	testHookClaimRead = func() {
+		reads++
+		if reads == 1 {
+			_, err := pg.Join(ctx, topo, "owner")
+			must(t, err)
+		}
+	}
+	t.Cleanup(func() { testHookClaimRead = nil })
+	_, err = pg.Claim(ctx, c.MemberRef, 1, "0.0")
+	var he *HeldError
+	if !errors.As(err, &he) || he.Reason != HeldOwnerLive || reads != 2 {
+		t.Fatalf("adoption while the owner rejoined: %v after %d reads, want held by a live owner after 2", err, reads)
+	}
+}
