@@ -385,34 +385,15 @@ func (b *twinBackend) linkDown(a string) bool { return b.down[a] }
 // wire simulates PG's outcome: a cut at the first reply finds a call of
 // several round trips not done (the reply is its read's) and a single
 // statement or pipeline committed; a lost final reply finds the call done.
-// The caller sees a cut either way. A call of several round trips that
-// writes nothing (a claim refused or repeated) sends no transaction whose
-// reply could be lost: the fault does not strike it, as on PG.
+// The caller sees a cut either way (a call of several round trips that
+// writes nothing, a claim refused or repeated, ends with its read, and it
+// is that reply that is lost).
 func (b *twinBackend) wire(_ string, kind faultKind, what string, f func(Registry) error) (error, bool) {
-	switch {
-	case kind == faultWireCut && multiTrip(what):
-		return errWire, true
-	case kind == faultWireLost && multiTrip(what):
-		before := b.tw.historyLen()
-		if err := f(b.tw); b.tw.historyLen() == before {
-			return err, false
-		}
+	if kind == faultWireCut && multiTrip(what) {
 		return errWire, true
 	}
 	_ = f(b.tw)
 	return errWire, true
-}
-
-// historyLen counts the twin's history events, which grow at every write
-// of a claim or member row.
-func (t *Twin) historyLen() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, tp := range t.topos {
-		n += len(tp.history.claims) + len(tp.history.leases)
-	}
-	return n
 }
 
 // pgBackend: every caller reaches PostgreSQL through its own fault proxy
@@ -491,7 +472,14 @@ func (b *pgBackend) wire(a string, kind faultKind, what string, f func(Registry)
 		p.CutReply(nil, 5)
 	}
 	err := f(link)
-	return err, p.Disarm()
+	struck := p.Disarm()
+	if !struck && kind == faultWireLost && multiTrip(what) {
+		// The call wrote nothing, so its last reply was its read's, which
+		// carries no COMMIT: that is the reply lost. Nothing changed.
+		p.CutAll()
+		return errWire, true
+	}
+	return err, struck
 }
 
 func (b *pgBackend) name() string           { return "postgres" }
