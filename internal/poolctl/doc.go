@@ -207,7 +207,7 @@
 //     *StaleEpochError (ErrStaleEpoch). Release and Handover need only the
 //     owner and epoch to match, since giving a unit up can only narrow who
 //     may deliver it.
-//   - ConfirmOwned is one statement, one round trip once prepared, for any
+//   - ConfirmOwned is one pipeline, one round trip once prepared, for any
 //     number of claims: the batch path after a fence lifts.
 //   - Activity. ReportActivity replaces the member's report (one statement:
 //     rows for units no longer reported go): per unit, when it last pulled

@@ -475,8 +475,9 @@ func (b *pgBackend) wire(a string, kind faultKind, what string, f func(Registry)
 	struck := p.Disarm()
 	if !struck && kind == faultWireLost && multiTrip(what) {
 		// The call wrote nothing, so its last reply was its read's, which
-		// carries no COMMIT: that is the reply lost. Nothing changed.
-		p.CutAll()
+		// carries no COMMIT: that is the reply lost. Nothing changed; the
+		// call's connection is gone (the caller's other links are not).
+		link.Pool().Reset()
 		return errWire, true
 	}
 	return err, struck

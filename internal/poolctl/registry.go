@@ -100,7 +100,7 @@ type Registry interface {
 	// ReleaseMany is Release for many tokens in one statement; errs[i] is
 	// the outcome of tokens[i].
 	ReleaseMany(ctx context.Context, tokens []Token) (errs []error, err error)
-	// ConfirmOwned confirms, in one statement, every claim the member holds,
+	// ConfirmOwned confirms, in one round trip, every claim the member holds,
 	// re-homing claims of earlier incarnations onto this one (which raises
 	// their epochs) once the same-name grace has passed and while no epoch
 	// is pending (otherwise they are reported Waiting), and reports which
