@@ -176,6 +176,14 @@ func (b *boundedRegistry) Snapshot(ctx context.Context, topology string) (poolct
 	return bounded(ctx, b, "Snapshot", func(c context.Context) (poolctl.Snapshot, error) { return b.inner.Snapshot(c, topology) })
 }
 
+func (b *boundedRegistry) Observe(ctx context.Context, topology string) (poolctl.Observation, error) {
+	return bounded(ctx, b, "Observe", func(c context.Context) (poolctl.Observation, error) { return b.inner.Observe(c, topology) })
+}
+
+func (b *boundedRegistry) Rejoin(ctx context.Context, m poolctl.MemberRef, process string) (poolctl.Lease, error) {
+	return bounded(ctx, b, "Rejoin", func(c context.Context) (poolctl.Lease, error) { return b.inner.Rejoin(c, m, process) })
+}
+
 func (b *boundedRegistry) Claims(ctx context.Context, topology string) ([]poolctl.ClaimInfo, error) {
 	return bounded(ctx, b, "Claims", func(c context.Context) ([]poolctl.ClaimInfo, error) { return b.inner.Claims(c, topology) })
 }

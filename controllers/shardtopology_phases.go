@@ -409,26 +409,20 @@ func observeRegistry(ctx context.Context, r *ShardTopologyReconciler, s *scope) 
 }
 
 func (s *scope) readRegistry(ctx context.Context) error {
+	// One consistent read: claims and activity judged against the members
+	// of the same instant.
 	sent := time.Now()
-	snap, err := s.reg.Snapshot(ctx, s.registryKey())
+	obs, err := s.reg.Observe(ctx, s.registryKey())
 	if err != nil {
 		return fmt.Errorf("read registry: %w", err)
 	}
-	s.regOffset = snap.Now.Sub(sent.Add(time.Since(sent) / 2))
-	rows, err := s.reg.Claims(ctx, s.registryKey())
-	if err != nil {
-		return fmt.Errorf("read claims: %w", err)
-	}
-	activity, err := s.reg.Activity(ctx, s.registryKey())
-	if err != nil {
-		return fmt.Errorf("read activity reports: %w", err)
-	}
-	s.snap = &snap
-	s.claims = make(map[string]poolctl.ClaimInfo, len(rows))
-	for _, c := range rows {
+	s.regOffset = obs.Snapshot.Now.Sub(sent.Add(time.Since(sent) / 2))
+	s.snap = &obs.Snapshot
+	s.claims = make(map[string]poolctl.ClaimInfo, len(obs.Claims))
+	for _, c := range obs.Claims {
 		s.claims[c.Unit] = c
 	}
-	s.activity = activity
+	s.activity = obs.Activity
 	s.changed = false
 	return nil
 }

@@ -34,15 +34,31 @@
 // unit_activity, reset_permissions, and the append-only claim_history and
 // lease_history, which triggers fill so that no writer can forget them.
 //
-// # Sessions
+// # Sessions and locks
 //
-// Open sets three timeouts on every connection (Config): statement_timeout
-// (30s), lock_timeout (5s) and idle_in_transaction_session_timeout (10s).
-// A worker SIGSTOPped or cut off inside a transaction holds FOR SHARE locks
-// on member and epoch rows, which Activate and rejoins need; the server
-// ends such a session after the idle timeout, and a statement queued
-// behind a lock fails after the lock timeout with an error the caller
-// retries, rather than every later claim queueing behind it.
+// No registry transaction holds a lock across a client round trip: each
+// operation is one statement, or one pipeline (BEGIN, statements, COMMIT
+// sent at once) that the server runs to the end without waiting for the
+// client. A claimer or joiner SIGSTOPped or cut off between round trips
+// therefore holds nothing. Operations that decide in Go (claim batches,
+// Join) read without locks, decide, and then write in a pipeline whose
+// first statements take the locks and whose write, in a snapshot and on a
+// clock read after those locks, applies only where everything decided
+// from is still as read; what changed in between is read and decided
+// again. No registry statement locks a row that Renew updates, except
+// Join's and Leave's FOR UPDATE of the member's own row for the length
+// of their pipelines; claim batches hold the claimer's row FOR KEY SHARE,
+// which plain updates (Renew, Fence, Unfence) do not wait for (issue 20,
+// defect 3: a claim read that held owners' rows FOR SHARE across a round
+// trip fenced healthy owners).
+//
+// Open sets three timeouts on every connection (Config), as backstops for
+// a client cut off mid-pipeline and for sinks' guarded transactions:
+// idle_in_transaction_session_timeout (1s) and lock_timeout (1.5s), both
+// below the default query bound (2s), so a Renew queued behind a stalled
+// session is released in time rather than failed or fenced, and
+// statement_timeout (30s), which no statement that locks member rows can
+// come near.
 //
 // # Clock
 //
@@ -91,7 +107,16 @@
 //     and gives the member its old slot back if no live member took it,
 //     otherwise the lowest slot no live member holds (taking it from a
 //     member that is not live). An expired lease cannot be renewed
-//     (ErrLeaseExpired): the worker joins again. Leave refuses while the
+//     (ErrLeaseExpired): the worker joins again, with Rejoin, naming its
+//     last incarnation and its process. Two live processes under one pod
+//     name (a partitioned pod that heals after its replacement started)
+//     would otherwise take the name from each other at every renewal, each
+//     join restarting the same-name grace, so the re-home never came
+//     (issue 20, defect 6): Rejoin refuses (ErrDisplaced) a process whose
+//     incarnation a later one, granted to another process, superseded
+//     while that one is live. The newer process keeps the name; the
+//     displaced one stops or waits. An incarnation granted to the caller's
+//     own process (a Rejoin whose reply was lost) does not displace it. Leave refuses while the
 //     member holds any claim (ErrStillHolding); it never releases silently.
 //     Join and Renew return the topology's Params with the lease, so a
 //     member knows its fence margin from its first lease.
@@ -99,18 +124,21 @@
 //     keeps the row as free (owner NULL) with its fencing epoch, so the epoch
 //     grows by one at every owner change and never goes back, across release
 //     and re-claim. Free and absent units are claimable at once.
-//   - Batches. Claim is ClaimMany of one unit: one transaction of two
-//     round trips once its statements are prepared, whatever the number of
-//     units (BEGIN and the read in one pipeline, the decisions in Go, the
-//     write and COMMIT in another). The read locks the claim rows FOR
-//     UPDATE in unit order (so concurrent batches cannot deadlock) and the
-//     claimer, the owners and the active epoch FOR SHARE; the write is one
-//     INSERT ... ON CONFLICT DO UPDATE whose rows are each a compare-and-set
-//     on the epoch decided from. Each unit gets its own outcome; the batch
-//     fails as a whole only for what concerns all of it (the connection, an
-//     unknown topology). A unit named twice gets one decision. Release is
-//     ReleaseMany of one token, one statement: each token is judged against
-//     the rows as they were before the batch.
+//   - Batches. Claim is ClaimMany of one unit: two round trips once its
+//     statements are prepared, whatever the number of units: the read (one
+//     statement, no locks), the decisions in Go, and the write pipeline,
+//     which locks the claim rows FOR UPDATE in unit order (so concurrent
+//     batches cannot deadlock), the active epoch FOR SHARE and the claimer
+//     FOR KEY SHARE, then writes each unit in one INSERT ... ON CONFLICT
+//     DO UPDATE only where its decision still holds (the claim row, the
+//     claimer's incarnation, fence and grace, the owner's lease for an
+//     adoption, the active epoch, all as read, and the claimer live on the
+//     clock read after the locks). A unit whose rows changed is decided
+//     again (up to four times, then ErrConflict). Each unit gets its own
+//     outcome; the batch fails as a whole only for what concerns all of it
+//     (the connection, an unknown topology). A unit named twice gets one
+//     decision. Release is ReleaseMany of one token, one statement: each
+//     token is judged against the rows as they were before the batch.
 //   - Ownership belongs to the member (pod name); the incarnation that last
 //     claimed or confirmed a unit is recorded on the row. Whether a held
 //     unit may be adopted is judged by its member's current lease, so a
@@ -120,9 +148,12 @@
 //   - Re-homing. ConfirmOwned (or a Claim of the member's own unit) moves
 //     claims of earlier incarnations onto the new one and raises their
 //     epochs by one, but only once the previous incarnation's lease expiry
-//     (recorded by Join when it had not left) plus the grace has passed: a
-//     second process under the same pod name may still be delivering until
-//     it fences itself. Before that Claim refuses with
+//     (recorded by Join when it had not left, from the row as it is when
+//     the join commits: a renewal between the join's read and its write
+//     makes it decide again) plus the grace has passed: a second process
+//     under the same pod name may still be delivering until it fences
+//     itself. Nor while an epoch is pending (P2: no ownership moves during
+//     a freeze, for ConfirmOwned as for Claim). Before that Claim refuses with
 //     HeldPreviousIncarnation and ConfirmOwned reports the units in
 //     Confirmation.Waiting, in neither Held (no valid token yet) nor Moved
 //     (nobody else may take them: the member is live). A rejoin long after
@@ -176,7 +207,7 @@
 //     *StaleEpochError (ErrStaleEpoch). Release and Handover need only the
 //     owner and epoch to match, since giving a unit up can only narrow who
 //     may deliver it.
-//   - ConfirmOwned is one statement, one round trip once prepared, for any
+//   - ConfirmOwned is one pipeline, one round trip once prepared, for any
 //     number of claims: the batch path after a fence lifts.
 //   - Activity. ReportActivity replaces the member's report (one statement:
 //     rows for units no longer reported go): per unit, when it last pulled
@@ -192,13 +223,16 @@
 //     lease event whenever a member row is new or its incarnation, expiry
 //     or departure changed. HistoryReader reads them in order; PruneHistory
 //     deletes events older than a time. The twin records the same events.
+//   - Observe reads Snapshot, Claims and Activity as of one instant (one
+//     read-only REPEATABLE READ transaction, one round trip), for the
+//     operator, which judges claims and activity against members.
 //   - Snapshot reads in one statement what a worker needs each tick (clock,
 //     parameters, active and pending epochs with acknowledgements, members
 //     with liveness, fences and holdings, the retiring set, the RESET
 //     permission with the census floor and server versions and its age on
 //     the registry's clock) and the counts the operator reports.
 //
-// Every operation is one statement or one transaction. Errors are wrapped
+// Every operation is one statement or one pipelined transaction. Errors are wrapped
 // with context and match the sentinels in errors.go; IsConnectionError tells
 // a refusal by the rules from an unknown outcome. The package does not log;
 // the DSN never appears in its errors (pgx redacts the password).

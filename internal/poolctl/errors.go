@@ -12,6 +12,7 @@ var (
 	ErrUnknownTopology  = errors.New("unknown topology")
 	ErrNotMember        = errors.New("not a member")
 	ErrStaleIncarnation = errors.New("incarnation superseded by a later join")
+	ErrDisplaced        = errors.New("another process joined under this member name and is live")
 	ErrLeaseExpired     = errors.New("lease expired; join again")
 	ErrFenced           = errors.New("member is fenced")
 	ErrDraining         = errors.New("member is draining and may not claim")
@@ -103,6 +104,29 @@ func (e *StaleEpochError) Error() string {
 
 // Is matches ErrStaleEpoch.
 func (e *StaleEpochError) Is(target error) bool { return target == ErrStaleEpoch }
+
+// DisplacedError refuses a Rejoin by a process that another process under
+// the same member name (pod name) has displaced: it joined after this
+// process's incarnation and its lease is live.
+type DisplacedError struct {
+	Member string
+	// Incarnation is the caller's (the one Rejoin was given), Current the
+	// later incarnation that holds the name.
+	Incarnation, Current int64
+	// LiveUntil is the current incarnation's lease expiry on the
+	// registry's clock: a Rejoin before then is refused again unless that
+	// incarnation leaves.
+	LiveUntil time.Time
+}
+
+// Error implements error.
+func (e *DisplacedError) Error() string {
+	return fmt.Sprintf("member %s incarnation %d displaced by incarnation %d, live until %s",
+		e.Member, e.Incarnation, e.Current, e.LiveUntil.Format(time.RFC3339Nano))
+}
+
+// Is matches ErrDisplaced.
+func (e *DisplacedError) Is(target error) bool { return target == ErrDisplaced }
 
 // HoldingError refuses Leave while the member holds claims.
 type HoldingError struct {

@@ -139,11 +139,13 @@ func (w *world) joinMember(a *actor, inject bool) {
 	sent := w.localNow(a)
 	var l Lease
 	err, _ := w.do(a, "join", inject, func(r Registry) (err error) {
-		l, err = r.Join(w.ctx, w.topo, a.name)
+		// As a worker does: its first join and every later one name the
+		// process and the last incarnation it was granted.
+		l, err = r.Rejoin(w.ctx, MemberRef{Topology: w.topo, Member: a.name, Incarnation: a.lastInc}, a.process)
 		return err
 	})
 	if err == nil {
-		a.lease, a.sentAt, a.left, a.fenceGen = &l, sent, false, 0
+		a.lease, a.sentAt, a.left, a.fenceGen, a.lastInc = &l, sent, false, 0, l.Incarnation
 		if l.Params != matrixParams {
 			w.violate("%s's first lease carries %+v, want the topology's parameters", a.name, l.Params)
 		}

@@ -382,13 +382,17 @@ func (b *twinBackend) cut(a string)           { b.down[a] = true }
 func (b *twinBackend) heal(a string)          { b.down[a] = false }
 func (b *twinBackend) linkDown(a string) bool { return b.down[a] }
 
-// wire simulates PG's outcome: a cut at the first reply rolls back a
-// multi-round-trip transaction and finds a single statement committed; a
-// lost final reply finds the call done. The caller sees a cut either way.
+// wire simulates PG's outcome: a cut at the first reply finds a call of
+// several round trips not done (the reply is its read's) and a single
+// statement or pipeline committed; a lost final reply finds the call done.
+// The caller sees a cut either way (a call of several round trips that
+// writes nothing, a claim refused or repeated, ends with its read, and it
+// is that reply that is lost).
 func (b *twinBackend) wire(_ string, kind faultKind, what string, f func(Registry) error) (error, bool) {
-	if kind == faultWireLost || !multiTrip(what) {
-		_ = f(b.tw)
+	if kind == faultWireCut && multiTrip(what) {
+		return errWire, true
 	}
+	_ = f(b.tw)
 	return errWire, true
 }
 
@@ -444,22 +448,39 @@ func newWirePool(t testing.TB, dsn string) *pgxpool.Pool {
 // committed (or rolled back).
 var readyIdle = []byte{'Z', 0, 0, 0, 5, 'I'}
 
+// commitIdle ends the reply to a pipelined transaction's COMMIT: the
+// COMMIT's CommandComplete and the ReadyForQuery after it. A call of
+// several round trips (a read, then a write pipeline) ends its write's
+// reply with it; its read's reply ends with readyIdle alone.
+var commitIdle = append([]byte("COMMIT\x00"), readyIdle...)
+
 // wire cuts the actor's connection at the call's first reply (a few bytes
 // of it get through), or drops the reply that ends its transaction.
-func (b *pgBackend) wire(a string, kind faultKind, _ string, f func(Registry) error) (error, bool) {
+func (b *pgBackend) wire(a string, kind faultKind, what string, f func(Registry) error) (error, bool) {
 	link := b.wireLinks[a]
 	// A connection is open before the fault is armed, so the fault strikes
 	// the call rather than a connection's start-up (which also ends with
 	// ReadyForQuery).
 	_ = link.Pool().Ping(context.Background())
 	p := b.proxies[a]
-	if kind == faultWireLost {
+	switch {
+	case kind == faultWireLost && multiTrip(what):
+		p.CutReply(commitIdle, 0)
+	case kind == faultWireLost:
 		p.CutReply(readyIdle, 0)
-	} else {
+	default:
 		p.CutReply(nil, 5)
 	}
 	err := f(link)
-	return err, p.Disarm()
+	struck := p.Disarm()
+	if !struck && kind == faultWireLost && multiTrip(what) {
+		// The call wrote nothing, so its last reply was its read's, which
+		// carries no COMMIT: that is the reply lost. Nothing changed; the
+		// call's connection is gone (the caller's other links are not).
+		link.Pool().Reset()
+		return errWire, true
+	}
+	return err, struck
 }
 
 func (b *pgBackend) name() string           { return "postgres" }

@@ -76,6 +76,11 @@ type actor struct {
 	waiting map[string]bool
 	stopped map[string]bool // handing over or releasing
 	pending int64           // operator: the pending epoch it created
+	// process names the actor's current process for Rejoin, and lastInc
+	// is the last incarnation that process was granted (0: none yet).
+	process string
+	lastInc int64
+	starts  int
 }
 
 func (a *actor) ref() MemberRef { return a.lease.MemberRef }
@@ -101,6 +106,9 @@ func (w *world) delivering(a *actor, unit string) bool {
 func (a *actor) wipe() {
 	a.lease, a.held, a.stopped, a.waiting = nil, map[string]heldToken{}, map[string]bool{}, map[string]bool{}
 	a.localFence, a.fenced, a.stalled, a.pending, a.fenceGen = false, false, false, 0, 0
+	// A wipe is a new process.
+	a.starts++
+	a.process, a.lastInc = fmt.Sprintf("%s#%d", a.name, a.starts), 0
 }
 
 // world is one combination's run.
@@ -202,14 +210,15 @@ func (w *world) do(a *actor, what string, inject bool, f func(r Registry) error)
 	return err, committed
 }
 
-// multiTrip says whether PG runs the call as a transaction of several
-// round trips, so a connection cut at its first reply rolls it back; a
-// single statement has committed by the time its first reply is sent.
-// The twin simulates wire faults with it.
+// multiTrip says whether PG runs the call in several round trips, so a
+// connection cut at its first reply (the read's) leaves nothing done; a
+// single statement, or a pipelined transaction (Leave, CreatePending,
+// Activate), has committed by the time its first reply is sent. The twin
+// simulates wire faults with it.
 func multiTrip(what string) bool {
 	op, _, _ := strings.Cut(what, " ")
 	switch op {
-	case "join", "claim", "claim-many", "create-pending", "activate":
+	case "join", "claim", "claim-many":
 		return true
 	}
 	return false

@@ -26,27 +26,52 @@ type Config struct {
 	// client, however stuck, holds the registry up. Zero means the default
 	// named; negative leaves the server's own setting.
 	//
+	// They are backstops. No registry transaction waits for its client
+	// between statements (each is one statement, or one pipeline the
+	// server runs to the end by itself), and no registry statement locks
+	// a row that Renew waits for, except Join's and Leave's own member rows
+	// for the few milliseconds of their pipelines. What they bound is a
+	// client cut off in the middle of sending a pipeline, and a sink's
+	// guarded transaction (GuardSQL) that holds a claim row.
+	//
+	// The rule for the defaults: a member fences itself once its renewals
+	// have failed for about TTL minus the query bound, and a single Renew
+	// fails when it takes longer than the query bound (DefaultParams: 2s).
+	// So whatever a Renew could wait behind must end well within the
+	// query bound: the idle timeout (1s) ends a stalled session first, the
+	// lock timeout (1.5s) then lets the Renew proceed rather than fail,
+	// and both are far below the 10s lease. A topology whose query bound
+	// is shorter than these needs shorter timeouts here.
+	//
 	// StatementTimeout (default 30s) ends any statement that runs longer:
 	// far above every query bound, it only catches pathological plans
-	// whose caller gave up long ago but whose locks would stay.
+	// whose caller gave up long ago. It cannot stand between a member and
+	// its renewal: the statements that lock member rows (Join, Leave,
+	// Renew, Fence, Unfence, SetDraining) touch one topology's member rows
+	// and nothing else.
 	StatementTimeout time.Duration
-	// LockTimeout (default 5s) fails a statement that waits longer for a
-	// lock, with an error the caller retries, instead of queueing every
-	// later claim behind a stuck lock holder.
+	// LockTimeout (default 1.5s) fails a statement that waits longer for
+	// a lock, with an error the caller retries, before the caller's query
+	// bound expires and leaves it with an unknown outcome. It is longer
+	// than IdleInTransactionTimeout, so a Renew queued behind a stalled
+	// session is released by that session's end rather than failed.
 	LockTimeout time.Duration
-	// IdleInTransactionTimeout (default 10s) ends a session that sits
-	// inside a transaction without sending anything. A worker SIGSTOPped or
-	// cut off mid-transaction holds FOR SHARE locks on member and epoch
-	// rows; without this, Activate (which updates the epoch row) and the
-	// member's rejoin would wait for it forever.
+	// IdleInTransactionTimeout (default 1s) ends a session that sits
+	// inside a transaction without sending anything. A registry
+	// transaction never does so while healthy (see above): a session idle
+	// in one is a client cut off mid-pipeline, and its locks (a member row
+	// in Join or Leave) would delay that member's renewal. 1s is below
+	// every default query bound, so a Renew behind it still answers in
+	// time; it is also the longest a pause of the operator's process may
+	// last between the statements of a migration.
 	IdleInTransactionTimeout time.Duration
 }
 
 // Default session timeouts (see Config).
 const (
 	DefaultStatementTimeout         = 30 * time.Second
-	DefaultLockTimeout              = 5 * time.Second
-	DefaultIdleInTransactionTimeout = 10 * time.Second
+	DefaultLockTimeout              = 1500 * time.Millisecond
+	DefaultIdleInTransactionTimeout = time.Second
 )
 
 // runtimeParams are the session settings Open sends with every connection.
@@ -168,7 +193,7 @@ func (p *PG) EnsureTopology(ctx context.Context, topology string, prm Params) er
 // memberColCount and claimColCount are how many columns memberCols and
 // claimCols select, for statements that pad with NULLs.
 const (
-	memberColCount = 10
+	memberColCount = 11
 	claimColCount  = 11
 )
 
@@ -177,7 +202,7 @@ const (
 func memberCols(a string) string {
 	return fmt.Sprintf(`%[1]s.member, coalesce(%[1]s.slot, -1), %[1]s.incarnation, %[1]s.lease_expires_at,
 		%[1]s.left_at IS NOT NULL, %[1]s.fenced, %[1]s.fence_lifted_at, %[1]s.fence_gen, %[1]s.draining,
-		%[1]s.prev_lease_expires_at`, a)
+		%[1]s.prev_lease_expires_at, %[1]s.process`, a)
 }
 
 // memberScan holds a possibly absent member row while scanning.
@@ -192,11 +217,12 @@ type memberScan struct {
 	fenceGen    *int64
 	draining    *bool
 	prevExpires *time.Time
+	process     *string
 }
 
 func (s *memberScan) dest() []any {
 	return []any{&s.name, &s.slot, &s.incarnation, &s.expires, &s.left, &s.fenced, &s.lifted, &s.fenceGen,
-		&s.draining, &s.prevExpires}
+		&s.draining, &s.prevExpires, &s.process}
 }
 
 func (s *memberScan) row() *memberRow {
@@ -210,6 +236,9 @@ func (s *memberScan) row() *memberRow {
 	}
 	if s.prevExpires != nil {
 		m.PrevLeaseExpiresAt = *s.prevExpires
+	}
+	if s.process != nil {
+		m.Process = *s.process
 	}
 	return m
 }
@@ -278,7 +307,7 @@ func IsConnectionError(err error) bool {
 }
 
 func isRuleError(err error) bool {
-	for _, e := range []error{ErrUnknownTopology, ErrNotMember, ErrStaleIncarnation, ErrLeaseExpired, ErrFenced,
+	for _, e := range []error{ErrUnknownTopology, ErrNotMember, ErrStaleIncarnation, ErrDisplaced, ErrLeaseExpired, ErrFenced,
 		ErrDraining, ErrNoActiveEpoch, ErrEpochMoved, ErrFrozen, ErrUnitOutOfRange, ErrHeld, ErrStaleEpoch, ErrStillHolding,
 		ErrPendingExists, ErrEpochState, ErrFreezeIncomplete, ErrConflict, ErrInvalid, ErrSchemaTooNew} {
 		if errors.Is(err, e) {
@@ -286,4 +315,45 @@ func isRuleError(err error) bool {
 		}
 	}
 	return false
+}
+
+// pipeline runs one transaction as one pipeline the server runs to the
+// end without waiting for the client: BEGIN, the statements queue adds,
+// COMMIT. read reads the results of queue's statements, in order. No
+// lock it takes is held across a client round trip (issue 20, defect 3);
+// on an error the transaction rolls back, and a connection whose ROLLBACK
+// did not get through is destroyed by the pool.
+func pipeline(ctx context.Context, pool *pgxpool.Pool, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	return pipelineTx(ctx, pool, "BEGIN", queue, read)
+}
+
+// pipelineTx is pipeline with begin as its first statement.
+func pipelineTx(ctx context.Context, pool *pgxpool.Pool, begin string, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue(begin)
+	queue(b)
+	b.Queue("COMMIT")
+	err = func() error {
+		br := conn.SendBatch(ctx, b)
+		defer br.Close()
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		if err := read(br); err != nil {
+			return err
+		}
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		return br.Close()
+	}()
+	if err != nil {
+		rollback(ctx, conn)
+	}
+	return err
 }

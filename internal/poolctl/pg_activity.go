@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ReportActivity implements Registry in one statement: it deletes the
@@ -53,14 +55,23 @@ func (p *PG) ReportActivity(ctx context.Context, m MemberRef, units []UnitActivi
 
 // Activity implements Registry in one statement.
 func (p *PG) Activity(ctx context.Context, topology string) ([]ActivityReport, error) {
-	rows, err := p.pool.Query(ctx, `
-		SELECT a.unit, a.member, a.incarnation, a.epoch, a.reported_at, a.last_fetch_at, a.last_rows_at
-		  FROM shardkeeper.topologies t LEFT JOIN shardkeeper.unit_activity a ON a.topology = t.topology
-		 WHERE t.topology = $1
-		 ORDER BY a.unit COLLATE "C", a.member COLLATE "C"`, topology)
+	rows, err := p.pool.Query(ctx, activitySQL, topology)
 	if err != nil {
 		return nil, fmt.Errorf("activity of %s: %w", topology, err)
 	}
+	return scanActivity(rows, topology)
+}
+
+// activitySQL lists a topology's activity reports (one row of NULLs when
+// it has none, none when the topology is unknown).
+const activitySQL = `
+	SELECT a.unit, a.member, a.incarnation, a.epoch, a.reported_at, a.last_fetch_at, a.last_rows_at
+	  FROM shardkeeper.topologies t LEFT JOIN shardkeeper.unit_activity a ON a.topology = t.topology
+	 WHERE t.topology = $1
+	 ORDER BY a.unit COLLATE "C", a.member COLLATE "C"`
+
+// scanActivity reads activitySQL's rows.
+func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 	defer rows.Close()
 	found := false
 	out := []ActivityReport{}

@@ -10,26 +10,40 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// A batch of claims is one transaction of two round trips once its
-// statements are prepared, whatever the number of units: BEGIN and the
-// read go in one pipeline, the rules decide in Go, and the write and
-// COMMIT go in another.
+// A batch of claims takes two round trips once its statements are
+// prepared, whatever the number of units, and never holds a lock across a
+// round trip (issue 20, defect 3: a claimer SIGSTOPped or cut off between
+// a locking read and its write held its owners' member rows, so their
+// renewals waited and they fenced themselves):
+//
+//  1. The read (claimReadSQL) is one statement without locks: a consistent
+//     view of everything decideBatch needs.
+//  2. The rules decide in Go, on that view (the twin applies the same).
+//  3. The write is one pipeline the server runs without waiting for the
+//     client: BEGIN; lock the claim rows FOR UPDATE in unit order (so
+//     concurrent batches cannot deadlock); lock the active epoch and the
+//     claimer's member row (so an activation of the next epoch, P2, or a
+//     leave or rejoin of the claimer waits until the batch commits, while
+//     renewals do not wait at all); then, in a statement whose snapshot and clock are
+//     taken after those locks, write each decided unit only where the rows
+//     its decision read are still as they were (claimWriteSQL); COMMIT.
+//
+// A unit whose rows changed between the read and the write is decided
+// again from a new read (at most maxClaimAttempts times), so a batch
+// answers what a serial registry would (the twin) rather than a spurious
+// conflict.
 
-// claimReadSQL reads, with locks, everything decideBatch needs: the claim
-// rows FOR UPDATE in unit order (so concurrent batches lock in one order
-// and cannot deadlock); the claimer's and the owners' member rows and the
-// active epoch FOR SHARE, so a rejoin of an owner, a fence of the claimer
-// or an activation of the next epoch waits until the batch commits (P2).
-// Each part comes back as its own kind of row, so every locking CTE is
-// read to the end.
+// claimReadSQL reads, without locks, everything decideBatch needs: the
+// claimer's member row, the active epoch and whether one is pending, the
+// claim rows, their owners' member rows and the retiring set. Each part
+// comes back as its own kind of row.
 var claimReadSQL = `
 	WITH t AS (SELECT shardkeeper.clock(topology) AS now, grace FROM shardkeeper.topologies WHERE topology = $1),
-	me AS MATERIALIZED (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2 FOR SHARE),
-	ae AS MATERIALIZED (SELECT * FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active' FOR SHARE),
+	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
+	ae AS (SELECT * FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active'),
 	pe AS (SELECT count(*) AS n FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending'),
-	c AS MATERIALIZED (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = ANY($3::text[]) ORDER BY unit FOR UPDATE),
-	ow AS MATERIALIZED (SELECT * FROM shardkeeper.members
-	                     WHERE topology = $1 AND member IN (SELECT owner FROM c) ORDER BY member FOR SHARE),
+	c AS MATERIALIZED (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = ANY($3::text[])),
+	ow AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member IN (SELECT owner FROM c)),
 	ru AS (SELECT unit FROM shardkeeper.retiring_units WHERE topology = $1 AND unit = ANY($3::text[]))
 	SELECT 'head', t.now, t.grace, pe.n > 0, ae.epoch, ae.partitions, ae.shards, ` + memberCols("me") + `,
 	       ` + nulls(claimColCount) + `, NULL
@@ -41,22 +55,78 @@ var claimReadSQL = `
 	UNION ALL
 	SELECT 'retiring', ` + nulls(6+memberColCount+claimColCount) + `, ru.unit FROM ru`
 
-// claimWriteSQL writes every decided unit in one statement, each row a
-// compare-and-set on the epoch it was decided at: a new row only where
-// none exists, an update only where the epoch is still the one below the
-// decided epoch (every decision raises it by exactly one).
+// claimLockRowsSQL and claimLockRefsSQL take the write's locks, each in a
+// statement of its own so that the write's snapshot and clock are taken
+// after every wait: the claim rows in unit order, then the active epoch
+// FOR SHARE (Activate's update of it waits) and the claimer's member row
+// FOR KEY SHARE. KEY SHARE conflicts with the FOR UPDATE that Join and
+// Leave take first, so neither interleaves with a claim of the member,
+// but not with the plain updates of Renew, Fence and Unfence: a member's
+// renewal never waits for a claim, not even its own.
+const (
+	claimLockRowsSQL = `SELECT unit FROM shardkeeper.claims WHERE topology = $1 AND unit = ANY($2::text[]) ORDER BY unit FOR UPDATE`
+	claimLockRefsSQL = `
+		SELECT e.epoch FROM shardkeeper.epochs e, shardkeeper.members m
+		 WHERE e.topology = $1 AND e.state = 'active' AND m.topology = $1 AND m.member = $2
+		   FOR SHARE OF e FOR KEY SHARE OF m`
+)
+
+// claimWriteSQL writes every decided unit in one statement, and only
+// where the decision still holds: the claimer is the same incarnation,
+// live on the clock read now (after the locks), unfenced, not draining,
+// with the fence lift and the same-name grace it was decided with; the
+// active epoch is the one decided under and none is pending; the claim
+// row is as read (absent, or at the epoch below the decided one in the
+// same state, owner and handover target); and, for an adoption, the
+// owner's member row is as read. It returns the clock and each written
+// unit with its checkpoint.
 const claimWriteSQL = `
-	INSERT INTO shardkeeper.claims AS cl (topology, unit, owner, owner_incarnation, fencing_epoch, state,
-	                                      adopted_from, rehomed, last_op, under_epoch, updated_at)
-	SELECT $1, w.unit, $2, $3, w.epoch, 'held', nullif(w.adopted_from, ''), w.rehomed, w.op, $4, $5
-	  FROM unnest($6::text[], $7::bigint[], $8::text[], $9::boolean[], $10::text[]) AS w(unit, epoch, adopted_from, rehomed, op)
-	 ORDER BY w.unit
-	ON CONFLICT (topology, unit) DO UPDATE
-	   SET owner = excluded.owner, owner_incarnation = excluded.owner_incarnation, fencing_epoch = excluded.fencing_epoch,
-	       state = 'held', handover_to = NULL, adopted_from = excluded.adopted_from, rehomed = excluded.rehomed,
-	       last_op = excluded.last_op, under_epoch = excluded.under_epoch, updated_at = excluded.updated_at
-	 WHERE cl.fencing_epoch = excluded.fencing_epoch - 1
-	RETURNING cl.unit`
+	WITH t AS (SELECT shardkeeper.clock(topology) AS now FROM shardkeeper.topologies WHERE topology = $1),
+	ok AS (
+		SELECT 1 FROM t, shardkeeper.members me
+		 WHERE me.topology = $1 AND me.member = $2 AND me.incarnation = $3 AND me.left_at IS NULL
+		   AND me.lease_expires_at > t.now AND NOT me.fenced AND NOT me.draining
+		   AND me.fence_lifted_at IS NOT DISTINCT FROM $5 AND me.prev_lease_expires_at IS NOT DISTINCT FROM $6
+		   AND EXISTS (SELECT 1 FROM shardkeeper.epochs e WHERE e.topology = $1 AND e.state = 'active' AND e.epoch = $4)
+		   AND NOT EXISTS (SELECT 1 FROM shardkeeper.epochs e WHERE e.topology = $1 AND e.state = 'pending')),
+	w AS (SELECT * FROM unnest($7::text[], $8::bigint[], $9::text[], $10::boolean[], $11::text[],
+	                           $12::text[], $13::text[], $14::bigint[], $15::text[],
+	                           $16::boolean[], $17::bigint[], $18::timestamptz[], $19::boolean[])
+	        AS w(unit, epoch, adopted_from, rehomed, op, prev_state, prev_owner, prev_inc, prev_handover,
+	             check_owner, owner_inc, owner_expires, owner_left)),
+	ins AS (
+		INSERT INTO shardkeeper.claims AS cl (topology, unit, owner, owner_incarnation, fencing_epoch, state,
+		                                      adopted_from, rehomed, last_op, under_epoch, updated_at)
+		SELECT $1, w.unit, $2, $3, w.epoch, 'held', nullif(w.adopted_from, ''), w.rehomed, w.op, $4, t.now
+		  FROM w CROSS JOIN t CROSS JOIN ok
+		  LEFT JOIN shardkeeper.claims c ON c.topology = $1 AND c.unit = w.unit
+		 WHERE (w.prev_state = '' AND c.unit IS NULL)
+		    OR (c.fencing_epoch = w.epoch - 1 AND c.state = w.prev_state AND coalesce(c.owner, '') = w.prev_owner
+		        AND coalesce(c.owner_incarnation, 0) = w.prev_inc AND coalesce(c.handover_to, '') = w.prev_handover
+		        AND (NOT w.check_owner
+		             OR (w.owner_inc = 0 AND NOT EXISTS (
+		                   SELECT 1 FROM shardkeeper.members o WHERE o.topology = $1 AND o.member = w.prev_owner))
+		             OR EXISTS (
+		                   SELECT 1 FROM shardkeeper.members o WHERE o.topology = $1 AND o.member = w.prev_owner
+		                      AND o.incarnation = w.owner_inc AND o.lease_expires_at = w.owner_expires
+		                      AND (o.left_at IS NOT NULL) = w.owner_left)))
+		 ORDER BY w.unit
+		ON CONFLICT (topology, unit) DO UPDATE
+		   SET owner = excluded.owner, owner_incarnation = excluded.owner_incarnation, fencing_epoch = excluded.fencing_epoch,
+		       state = 'held', handover_to = NULL, adopted_from = excluded.adopted_from, rehomed = excluded.rehomed,
+		       last_op = excluded.last_op, under_epoch = excluded.under_epoch, updated_at = excluded.updated_at
+		 WHERE cl.fencing_epoch = excluded.fencing_epoch - 1
+		RETURNING cl.unit, cl.checkpoint_seq)
+	SELECT t.now, ins.unit, ins.checkpoint_seq FROM t LEFT JOIN ins ON true`
+
+// maxClaimAttempts bounds how often a batch decides a unit again after
+// its rows changed between the read and the write; a unit still changing
+// after that is refused with ErrConflict.
+const maxClaimAttempts = 4
+
+// testHookClaimRead, when set by a test, runs after a claim batch's read
+// and before its write: the client stalled between its two round trips.
+var testHookClaimRead func()
 
 // Claim implements Registry as a batch of one unit, so single and batch
 // claims share one code path.
@@ -94,45 +164,63 @@ func (p *PG) claimBatch(ctx context.Context, m MemberRef, under int64, units []s
 	// A connection left inside a transaction (a failed pipeline whose
 	// ROLLBACK did not get through) is destroyed by the pool on release.
 	defer conn.Release()
-	v, err := readClaimView(ctx, conn, m, units)
-	if err != nil {
-		rollback(ctx, conn)
-		return nil, err
-	}
-	outs, writes := decideBatch(m, under, units, v)
-	written, err := writeClaims(ctx, conn, m, under, v.Now, writes)
-	if err != nil {
-		rollback(ctx, conn)
-		return nil, err
-	}
-	for _, w := range writes {
-		if !written[w.Unit] {
-			conflicted(outs, m, w.Unit)
+	outs := make(map[string]ClaimOutcome, len(units))
+	for attempt := 1; ; attempt++ {
+		v, err := readClaimView(ctx, conn, m, units)
+		if err != nil {
+			return nil, err
 		}
+		if testHookClaimRead != nil {
+			testHookClaimRead()
+		}
+		decided, writes := decideBatch(m, under, units, v)
+		for u, o := range decided {
+			outs[u] = o
+		}
+		if len(writes) == 0 {
+			return outs, nil
+		}
+		now, written, err := writeClaims(ctx, conn, m, under, v, writes)
+		if err != nil {
+			rollback(ctx, conn)
+			return nil, err
+		}
+		var again []string
+		for _, w := range writes {
+			seq, ok := written[w.Unit]
+			if !ok {
+				again = append(again, w.Unit)
+				continue
+			}
+			o := outs[w.Unit]
+			o.Claim.CheckpointSeq, o.Claim.At = seq, now
+			outs[w.Unit] = o
+		}
+		if len(again) == 0 {
+			return outs, nil
+		}
+		if attempt == maxClaimAttempts {
+			for _, u := range again {
+				conflicted(outs, m, u)
+			}
+			return outs, nil
+		}
+		units = again
 	}
-	return outs, nil
 }
 
-// readClaimView begins the transaction and reads the view, in one pipeline.
+// readClaimView reads the view in one statement, without locks.
 func readClaimView(ctx context.Context, conn *pgxpool.Conn, m MemberRef, units []string) (claimView, error) {
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(claimReadSQL, m.Topology, m.Member, units)
-	br := conn.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return claimView{}, err
-	}
-	rows, err := br.Query()
+	rows, err := conn.Query(ctx, claimReadSQL, m.Topology, m.Member, units)
 	if err != nil {
 		return claimView{}, err
 	}
+	defer rows.Close()
 	v := claimView{Rows: map[string]*claimRow{}, Owners: map[string]*memberRow{}, Retiring: map[string]bool{}}
 	found := false
 	for rows.Next() {
 		head, err := scanClaimViewRow(rows, &v)
 		if err != nil {
-			rows.Close()
 			return claimView{}, err
 		}
 		found = found || head
@@ -143,7 +231,7 @@ func readClaimView(ctx context.Context, conn *pgxpool.Conn, m MemberRef, units [
 	if !found {
 		return claimView{}, fmt.Errorf("topology %q: %w", m.Topology, ErrUnknownTopology)
 	}
-	return v, br.Close()
+	return v, nil
 }
 
 // scanClaimViewRow adds one row of claimReadSQL to v; head reports the
@@ -183,48 +271,81 @@ func scanClaimViewRow(rows pgx.Rows, v *claimView) (head bool, err error) {
 	return false, nil
 }
 
-// writeClaims writes the decided units and commits, in one pipeline, and
-// returns the units whose compare-and-set applied.
-func writeClaims(ctx context.Context, conn *pgxpool.Conn, m MemberRef, under int64, now time.Time, writes []claimWrite) (map[string]bool, error) {
-	b := &pgx.Batch{}
-	if len(writes) > 0 {
-		var (
-			units, from, ops []string
-			epochs           []int64
-			rehomed          []bool
-		)
-		for _, w := range writes {
-			units, epochs = append(units, w.Unit), append(epochs, w.Decision.NewEpoch)
-			row := w.Decision.claimed(m, under, w.Unit, w.Prev)
-			from, rehomed, ops = append(from, row.AdoptedFrom), append(rehomed, row.Rehomed), append(ops, string(row.LastOp))
+// writeClaims takes the locks, writes the decided units where their
+// decisions still hold and commits, in one pipeline. It returns the
+// registry's clock at the write and the written units with their
+// checkpoints.
+func writeClaims(ctx context.Context, conn *pgxpool.Conn, m MemberRef, under int64, v claimView, writes []claimWrite) (time.Time, map[string]int64, error) {
+	n := len(writes)
+	var (
+		units, from, ops, prevState, prevOwner, prevHandover = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n),
+			make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		epochs, prevInc, ownerInc      = make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+		rehomed, checkOwner, ownerLeft = make([]bool, 0, n), make([]bool, 0, n), make([]bool, 0, n)
+		ownerExpires                   = make([]time.Time, 0, n)
+	)
+	for _, w := range writes {
+		row := w.Decision.claimed(m, under, w.Unit, w.Prev)
+		units, epochs = append(units, w.Unit), append(epochs, w.Decision.NewEpoch)
+		from, rehomed, ops = append(from, row.AdoptedFrom), append(rehomed, row.Rehomed), append(ops, string(row.LastOp))
+		var st, owner, handover string
+		var inc int64
+		if w.Prev != nil {
+			st, owner, inc, handover = string(w.Prev.State), w.Prev.Owner, w.Prev.OwnerIncarnation, w.Prev.HandoverTo
 		}
-		b.Queue(claimWriteSQL, m.Topology, m.Member, m.Incarnation, under, now, units, epochs, from, rehomed, ops)
+		prevState, prevOwner, prevInc, prevHandover = append(prevState, st), append(prevOwner, owner), append(prevInc, inc), append(prevHandover, handover)
+		// An adoption was decided on the owner's lease: it applies only if
+		// the owner's row is as read (absent: incarnation 0).
+		var oInc int64
+		var oExp time.Time
+		var oLeft bool
+		if o := v.input(w.Unit).Owner; o != nil {
+			oInc, oExp, oLeft = o.Incarnation, o.LeaseExpiresAt, o.Left
+		}
+		checkOwner = append(checkOwner, w.Decision.Adopted)
+		ownerInc, ownerExpires, ownerLeft = append(ownerInc, oInc), append(ownerExpires, oExp), append(ownerLeft, oLeft)
 	}
+	me := v.Claimer
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(claimLockRowsSQL, m.Topology, units)
+	b.Queue(claimLockRefsSQL, m.Topology, m.Member)
+	b.Queue(claimWriteSQL, m.Topology, m.Member, m.Incarnation, under, nullTime(me.FenceLiftedAt), nullTime(me.PrevLeaseExpiresAt),
+		units, epochs, from, rehomed, ops, prevState, prevOwner, prevInc, prevHandover, checkOwner, ownerInc, ownerExpires, ownerLeft)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
-	written := map[string]bool{}
-	if len(writes) > 0 {
-		rows, err := br.Query()
-		if err != nil {
-			return nil, err
+	for i := 0; i < 3; i++ {
+		if _, err := br.Exec(); err != nil {
+			return time.Time{}, nil, err
 		}
-		for rows.Next() {
-			var u string
-			if err := rows.Scan(&u); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			written[u] = true
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return time.Time{}, nil, err
+	}
+	var now time.Time
+	written := map[string]int64{}
+	for rows.Next() {
+		var (
+			unit *string
+			seq  *int64
+		)
+		if err := rows.Scan(&now, &unit, &seq); err != nil {
+			rows.Close()
+			return time.Time{}, nil, err
 		}
-		if err := rows.Err(); err != nil {
-			return nil, err
+		if unit != nil {
+			written[*unit] = *seq
 		}
+	}
+	if err := rows.Err(); err != nil {
+		return time.Time{}, nil, err
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, err
+		return time.Time{}, nil, err
 	}
-	return written, br.Close()
+	return now, written, br.Close()
 }
 
 // rollback ends a failed batch's transaction. If it cannot (the connection

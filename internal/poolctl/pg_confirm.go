@@ -5,23 +5,29 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// confirmSQL is ConfirmOwned's single statement. It checks the member's
-// lease and, when mayRehome allows (the same condition in SQL: no earlier
-// incarnation may still be delivering), re-homes claims of earlier
+// confirmSQL is ConfirmOwned's statement. It checks the member's
+// lease and, when mayRehome allows and no epoch is pending (the same
+// conditions in SQL: no earlier incarnation may still be delivering, and
+// no ownership moves during a freeze, P2), re-homes claims of earlier
 // incarnations onto this one, raising their epochs so older tokens go
-// stale; it locks them in unit order first, as claim batches do. It
+// stale; it locks them in unit order first, as claim batches do, and the
+// active epoch FOR SHARE, so an activation waits for it as for a claim. It
 // returns one member row, one row per held claim, one per claim still
 // waiting for the re-home grace, and one per expected unit no longer held.
 var confirmSQL = `
 	WITH t AS (SELECT shardkeeper.clock(topology) AS now, grace FROM shardkeeper.topologies WHERE topology = $1),
 	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 	ok AS (SELECT 1 FROM me, t WHERE me.incarnation = $3 AND me.left_at IS NULL AND me.lease_expires_at > t.now),
-	may AS (SELECT 1 FROM me, t WHERE me.prev_lease_expires_at IS NULL OR me.prev_lease_expires_at + t.grace <= t.now),
+	may AS (SELECT 1 FROM me, t WHERE (me.prev_lease_expires_at IS NULL OR me.prev_lease_expires_at + t.grace <= t.now)
+	          AND NOT EXISTS (SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending')),
+	ae AS MATERIALIZED (SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active' FOR SHARE),
 	lk AS MATERIALIZED (
 		SELECT c.unit FROM shardkeeper.claims c
-		 WHERE EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM may)
+		 WHERE EXISTS (SELECT 1 FROM ok) AND EXISTS (SELECT 1 FROM may) AND (SELECT count(*) FROM ae) >= 0
 		   AND c.topology = $1 AND c.owner = $2 AND c.state <> 'free' AND c.owner_incarnation <> $3
 		 ORDER BY c.unit FOR UPDATE),
 	rehome AS (
@@ -54,8 +60,19 @@ var confirmSQL = `
 	  FROM want w LEFT JOIN shardkeeper.claims c ON c.topology = $1 AND c.unit = w.unit
 	 WHERE EXISTS (SELECT 1 FROM ok) AND w.unit NOT IN (SELECT unit FROM held) AND w.unit NOT IN (SELECT unit FROM waiting)`
 
-// ConfirmOwned implements Registry in one statement (one round trip once
-// the statement is prepared on the connection, however many claims).
+// confirmLockSQL takes the locks a re-home needs before confirmSQL runs,
+// in the order claim batches take them (claim rows in unit order, then
+// the active epoch), so confirmSQL's snapshot and clock come after every
+// wait.
+var confirmLockSQL = []string{
+	`SELECT 1 FROM shardkeeper.claims WHERE topology = $1 AND owner = $2 AND state <> 'free' AND owner_incarnation <> $3
+	  ORDER BY unit FOR UPDATE`,
+	`SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active' FOR SHARE`,
+}
+
+// ConfirmOwned implements Registry in one pipeline (one round trip once
+// its statements are prepared on the connection, however many claims):
+// the locks, then confirmSQL.
 func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]int64) (Confirmation, error) {
 	units := make([]string, 0, len(expected))
 	epochs := make([]int64, 0, len(expected))
@@ -63,10 +80,46 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 		units = append(units, u)
 		epochs = append(epochs, e)
 	}
-	rows, err := p.pool.Query(ctx, confirmSQL, m.Topology, m.Member, m.Incarnation, units, epochs)
+	var (
+		now *time.Time
+		me  *memberRow
+		c   Confirmation
+	)
+	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+		b.Queue(confirmLockSQL[0], m.Topology, m.Member, m.Incarnation)
+		b.Queue(confirmLockSQL[1], m.Topology)
+		b.Queue(confirmSQL, m.Topology, m.Member, m.Incarnation, units, epochs)
+	}, func(br pgx.BatchResults) error {
+		for range confirmLockSQL {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		now, me, c, err = scanConfirmation(rows, m)
+		return err
+	})
 	if err != nil {
 		return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
 	}
+	if err := topologyErr(m.Topology, now); err != nil {
+		return Confirmation{}, err
+	}
+	if err := checkMember(m, me, *now); err != nil {
+		return Confirmation{}, fmt.Errorf("confirm owned: %w", err)
+	}
+	sort.Strings(c.Handover)
+	sort.Strings(c.Waiting)
+	sort.Slice(c.Moved, func(i, j int) bool { return c.Moved[i].Unit < c.Moved[j].Unit })
+	return c, nil
+}
+
+// scanConfirmation reads confirmSQL's rows: the clock and the member row,
+// and the confirmation.
+func scanConfirmation(rows pgx.Rows, m MemberRef) (*time.Time, *memberRow, Confirmation, error) {
 	defer rows.Close()
 	var (
 		now *time.Time
@@ -82,7 +135,7 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 			ms                 memberScan
 		)
 		if err := rows.Scan(scanAll([]any{&kind, &unit, &expectedEp, &epoch, &state, &owner, &rowNow}, ms.dest())...); err != nil {
-			return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
+			return nil, nil, Confirmation{}, err
 		}
 		switch kind {
 		case "member":
@@ -105,17 +158,5 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 			c.Moved = append(c.Moved, mv)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
-	}
-	if err := topologyErr(m.Topology, now); err != nil {
-		return Confirmation{}, err
-	}
-	if err := checkMember(m, me, *now); err != nil {
-		return Confirmation{}, fmt.Errorf("confirm owned: %w", err)
-	}
-	sort.Strings(c.Handover)
-	sort.Strings(c.Waiting)
-	sort.Slice(c.Moved, func(i, j int) bool { return c.Moved[i].Unit < c.Moved[j].Unit })
-	return c, nil
+	return now, me, c, rows.Err()
 }

@@ -3,58 +3,63 @@ package poolctl
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// lockTopology locks the topology row for the rest of tx and returns the
-// registry's clock.
-func lockTopology(ctx context.Context, tx pgx.Tx, topology string) (time.Time, error) {
-	var now time.Time
-	err := tx.QueryRow(ctx, `SELECT shardkeeper.clock(topology) FROM shardkeeper.topologies WHERE topology = $1 FOR UPDATE`,
-		topology).Scan(&now)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return now, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
-	}
-	return now, err
-}
+// Epoch changes lock the topology row first, in a pipeline the server
+// runs to the end by itself (see pipeline), so that a Join (which takes
+// the same lock) cannot interleave and their own statements read after
+// the lock.
+const lockTopologySQL = `SELECT 1 FROM shardkeeper.topologies WHERE topology = $1 FOR UPDATE`
 
-// CreatePending implements Registry in one transaction under the topology
+// createPendingSQL creates the pending epoch unless one is pending, and
+// returns the created epoch or the pending one.
+const createPendingSQL = `
+	WITH pe AS (SELECT epoch, partitions, shards FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending'),
+	tp AS (SELECT 1 FROM shardkeeper.topologies WHERE topology = $1),
+	ins AS (
+		INSERT INTO shardkeeper.epochs (topology, epoch, partitions, shards, state, created_at)
+		SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3, 'pending', shardkeeper.clock($1) FROM shardkeeper.epochs
+		 WHERE topology = $1 HAVING NOT EXISTS (SELECT 1 FROM pe) AND EXISTS (SELECT 1 FROM tp)
+		RETURNING epoch)
+	SELECT EXISTS (SELECT 1 FROM tp), (SELECT epoch FROM ins), pe.epoch, pe.partitions, pe.shards
+	  FROM (SELECT 1) one LEFT JOIN pe ON true`
+
+// CreatePending implements Registry in one pipeline under the topology
 // row's lock.
 func (p *PG) CreatePending(ctx context.Context, topology string, partitions, shards int) (int64, error) {
 	if err := checkShape(partitions, shards); err != nil {
 		return 0, err
 	}
-	var epoch int64
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		now, err := lockTopology(ctx, tx, topology)
-		if err != nil {
+	var (
+		known       bool
+		created, pn *int64
+		pp, ps      *int
+	)
+	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+		b.Queue(lockTopologySQL, topology)
+		b.Queue(createPendingSQL, topology, partitions, shards)
+	}, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
 			return err
 		}
-		var pn, pp, ps int
-		err = tx.QueryRow(ctx, `SELECT epoch, partitions, shards FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending'`,
-			topology).Scan(&pn, &pp, &ps)
-		switch {
-		case err == nil && pp == partitions && ps == shards:
-			epoch = int64(pn)
-			return nil
-		case err == nil:
-			return fmt.Errorf("create epoch %dx%d while epoch %d (%dx%d) is pending: %w", partitions, shards, pn, pp, ps, ErrPendingExists)
-		case !errors.Is(err, pgx.ErrNoRows):
-			return err
-		}
-		return tx.QueryRow(ctx, `
-			INSERT INTO shardkeeper.epochs (topology, epoch, partitions, shards, state, created_at)
-			SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3, 'pending', $4 FROM shardkeeper.epochs WHERE topology = $1
-			RETURNING epoch`, topology, partitions, shards, now).Scan(&epoch)
+		return br.QueryRow().Scan(&known, &created, &pn, &pp, &ps)
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return 0, fmt.Errorf("create pending epoch of %s: %w", topology, err)
+	case !known:
+		return 0, fmt.Errorf("create pending epoch of %s: topology %q: %w", topology, topology, ErrUnknownTopology)
+	case created != nil:
+		return *created, nil
+	case *pp == partitions && *ps == shards:
+		return *pn, nil
 	}
-	return epoch, nil
+	return 0, fmt.Errorf("create pending epoch of %s: create epoch %dx%d while epoch %d (%dx%d) is pending: %w",
+		topology, partitions, shards, *pn, *pp, *ps, ErrPendingExists)
 }
 
 // AckFreeze implements Registry in one statement.
@@ -96,54 +101,79 @@ func (p *PG) AckFreeze(ctx context.Context, m MemberRef, epoch int64) error {
 	return fmt.Errorf("ack freeze: %w", ErrConflict)
 }
 
-// Activate implements Registry in one transaction under the topology row's
+// activateMissingCTE lists the live members whose current incarnation
+// has not acknowledged epoch $2.
+const activateMissingCTE = `
+	t AS (SELECT shardkeeper.clock($1) AS now),
+	missing AS (
+		SELECT m.member FROM shardkeeper.members m, t
+		 WHERE m.topology = $1 AND m.left_at IS NULL AND m.lease_expires_at > t.now
+		   AND NOT EXISTS (SELECT 1 FROM shardkeeper.freeze_acks a
+		                    WHERE a.topology = m.topology AND a.epoch = $2 AND a.member = m.member AND a.incarnation = m.incarnation))`
+
+// activateRetireSQL retires the active epoch if epoch $2 is pending and
+// every live member acknowledged it; activateSQL then activates $2 under
+// the same conditions once no epoch is active. They are two statements
+// because one active epoch is a unique index, checked row by row, and the
+// two updates of one statement have no order. Between them nothing can
+// add a member that must acknowledge (joins wait for the topology row) and
+// acknowledgements only add, so both see the same verdict.
+const (
+	activateRetireSQL = `
+	WITH ` + activateMissingCTE + `
+	UPDATE shardkeeper.epochs x SET state = 'retired', retired_at = t.now FROM t
+	 WHERE x.topology = $1 AND x.state = 'active'
+	   AND EXISTS (SELECT 1 FROM shardkeeper.epochs p WHERE p.topology = $1 AND p.epoch = $2 AND p.state = 'pending')
+	   AND NOT EXISTS (SELECT 1 FROM missing)`
+	activateSQL = `
+	WITH ` + activateMissingCTE + `,
+	e AS (SELECT state FROM shardkeeper.epochs WHERE topology = $1 AND epoch = $2),
+	act AS (
+		UPDATE shardkeeper.epochs x SET state = 'active', activated_at = t.now FROM t
+		 WHERE x.topology = $1 AND x.epoch = $2 AND x.state = 'pending' AND NOT EXISTS (SELECT 1 FROM missing)
+		   AND NOT EXISTS (SELECT 1 FROM shardkeeper.epochs a WHERE a.topology = $1 AND a.state = 'active')
+		RETURNING 1)
+	SELECT EXISTS (SELECT 1 FROM shardkeeper.topologies WHERE topology = $1), e.state, EXISTS (SELECT 1 FROM act),
+	       (SELECT coalesce(array_agg(member ORDER BY member COLLATE "C"), '{}') FROM missing)
+	  FROM (SELECT 1) one LEFT JOIN e ON true`
+)
+
+// Activate implements Registry in one pipeline under the topology row's
 // lock. Retiring the previous epoch updates its row, which waits for any
-// claim still deciding under it (claims lock the active epoch FOR SHARE),
-// so no claim under the old epoch commits after the new one is active (P2).
+// claim batch still writing under it (batches lock the active epoch FOR
+// SHARE), so no claim under the old epoch commits after the next one is
+// active (P2).
 func (p *PG) Activate(ctx context.Context, topology string, epoch int64) error {
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		now, err := lockTopology(ctx, tx, topology)
-		if err != nil {
-			return err
+	var (
+		known, activated bool
+		state            *string
+		missing          []string
+	)
+	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+		b.Queue(lockTopologySQL, topology)
+		b.Queue(activateRetireSQL, topology, epoch)
+		b.Queue(activateSQL, topology, epoch)
+	}, func(br pgx.BatchResults) error {
+		for i := 0; i < 2; i++ {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
 		}
-		var state string
-		err = tx.QueryRow(ctx, `SELECT state FROM shardkeeper.epochs WHERE topology = $1 AND epoch = $2`, topology, epoch).Scan(&state)
-		switch {
-		case err == nil && EpochState(state) == EpochActive:
-			return nil
-		case errors.Is(err, pgx.ErrNoRows) || (err == nil && EpochState(state) != EpochPending):
-			return fmt.Errorf("activate epoch %d: not pending: %w", epoch, ErrEpochState)
-		case err != nil:
-			return err
-		}
-		rows, err := tx.Query(ctx, `
-			SELECT m.member FROM shardkeeper.members m
-			 WHERE m.topology = $1 AND m.left_at IS NULL AND m.lease_expires_at > $3
-			   AND NOT EXISTS (SELECT 1 FROM shardkeeper.freeze_acks a
-			                    WHERE a.topology = m.topology AND a.epoch = $2 AND a.member = m.member AND a.incarnation = m.incarnation)
-			 ORDER BY m.member COLLATE "C"`, topology, epoch, now)
-		if err != nil {
-			return err
-		}
-		missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
-		if len(missing) > 0 {
-			return &FreezeIncompleteError{Epoch: epoch, Missing: missing}
-		}
-		if _, err := tx.Exec(ctx, `UPDATE shardkeeper.epochs SET state = 'retired', retired_at = $2 WHERE topology = $1 AND state = 'active'`,
-			topology, now); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `UPDATE shardkeeper.epochs SET state = 'active', activated_at = $3 WHERE topology = $1 AND epoch = $2`,
-			topology, epoch, now)
-		return err
+		return br.QueryRow().Scan(&known, &state, &activated, &missing)
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return fmt.Errorf("activate epoch %d of %s: %w", epoch, topology, err)
+	case !known:
+		return fmt.Errorf("activate epoch %d of %s: topology %q: %w", epoch, topology, topology, ErrUnknownTopology)
+	case activated || (state != nil && EpochState(*state) == EpochActive):
+		return nil
+	case state == nil || EpochState(*state) != EpochPending:
+		return fmt.Errorf("activate epoch %d of %s: not pending: %w", epoch, topology, ErrEpochState)
+	case len(missing) > 0:
+		return fmt.Errorf("activate epoch %d of %s: %w", epoch, topology, &FreezeIncompleteError{Epoch: epoch, Missing: missing})
 	}
-	return nil
+	return fmt.Errorf("activate epoch %d of %s: %w", epoch, topology, ErrConflict)
 }
 
 // Retire implements Registry in one statement.

@@ -2,90 +2,12 @@ package poolctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// Join implements Registry. One transaction: it locks the topology row (so
-// joins of one topology serialize), takes the next incarnation, picks the
-// slot and writes the member row.
-func (p *PG) Join(ctx context.Context, topology, member string) (Lease, error) {
-	if member == "" {
-		return Lease{}, fmt.Errorf("join: empty member name: %w", ErrInvalid)
-	}
-	var lease Lease
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		var (
-			inc int64
-			now time.Time
-			prm Params
-		)
-		err := tx.QueryRow(ctx, `
-			UPDATE shardkeeper.topologies SET next_incarnation = next_incarnation + 1 WHERE topology = $1
-			RETURNING next_incarnation - 1, shardkeeper.clock(topology), `+paramsCols, topology).Scan(
-			scanAll([]any{&inc, &now}, paramsDest(&prm))...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
-		} else if err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT `+memberCols("m")+` FROM shardkeeper.members m WHERE m.topology = $1`, topology)
-		if err != nil {
-			return err
-		}
-		var (
-			all  []memberRow
-			prev *memberRow
-		)
-		for rows.Next() {
-			var ms memberScan
-			if err := rows.Scan(ms.dest()...); err != nil {
-				rows.Close()
-				return err
-			}
-			all = append(all, *ms.row())
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		for i := range all {
-			if all[i].Name == member {
-				prev = &all[i]
-			}
-		}
-		slot, taken := pickSlot(prev, all, now)
-		if taken != "" {
-			if _, err := tx.Exec(ctx, `UPDATE shardkeeper.members SET slot = NULL WHERE topology = $1 AND member = $2`,
-				topology, taken); err != nil {
-				return err
-			}
-		}
-		row := joinRow(member, prev, slot, inc, now, prm.LeaseTTL)
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO shardkeeper.members (topology, member, slot, incarnation, lease_expires_at, fenced, fence_lifted_at,
-				fence_gen, prev_lease_expires_at, joined_at)
-			VALUES ($1, $2, $3, $4, $5, false, $6, 0, $7, $8)
-			ON CONFLICT (topology, member) DO UPDATE SET slot = excluded.slot, incarnation = excluded.incarnation,
-				lease_expires_at = excluded.lease_expires_at, fenced = false, fence_lifted_at = excluded.fence_lifted_at,
-				fence_gen = 0, prev_lease_expires_at = excluded.prev_lease_expires_at,
-				joined_at = excluded.joined_at, left_at = NULL`,
-			topology, member, slot, inc, row.LeaseExpiresAt, nullTime(row.FenceLiftedAt), nullTime(row.PrevLeaseExpiresAt), now); err != nil {
-			return err
-		}
-		lease = Lease{MemberRef: MemberRef{Topology: topology, Member: member, Incarnation: inc},
-			Slot: slot, TTL: prm.LeaseTTL, ExpiresAt: row.LeaseExpiresAt, Params: prm}
-		return nil
-	})
-	if err != nil {
-		return Lease{}, fmt.Errorf("join %s to %s: %w", member, topology, err)
-	}
-	return lease, nil
-}
 
 // Renew implements Registry in one statement: the update applies only to a
 // live lease of this incarnation; the member row read alongside explains a
@@ -173,15 +95,9 @@ func refusal(ruleErr error) error {
 	return ErrConflict
 }
 
-// Leave implements Registry in one statement.
-func (p *PG) Leave(ctx context.Context, m MemberRef) error {
-	var (
-		now   *time.Time
-		holds int
-		done  *int
-		cur   memberScan
-	)
-	err := p.pool.QueryRow(ctx, `
+// leaveSQL ends the membership where the incarnation is current and
+// holds nothing, and reads what explains a refusal.
+var leaveSQL = `
 		WITH t AS (SELECT shardkeeper.clock($1) AS now),
 		cur AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 		h AS (SELECT count(*)::int AS n FROM shardkeeper.claims WHERE topology = $1 AND owner = $2 AND state <> 'free'),
@@ -190,9 +106,32 @@ func (p *PG) Leave(ctx context.Context, m MemberRef) error {
 			  FROM t, h
 			 WHERE m.topology = $1 AND m.member = $2 AND m.incarnation = $3 AND m.left_at IS NULL AND h.n = 0
 			RETURNING 1 AS done)
-		SELECT t.now, h.n, upd.done, `+memberCols("cur")+`
-		  FROM t CROSS JOIN h LEFT JOIN cur ON true LEFT JOIN upd ON true`,
-		m.Topology, m.Member, m.Incarnation).Scan(scanAll([]any{&now, &holds, &done}, cur.dest())...)
+		SELECT t.now, h.n, upd.done, ` + memberCols("cur") + `
+		  FROM t CROSS JOIN h LEFT JOIN cur ON true LEFT JOIN upd ON true`
+
+// Leave implements Registry in one pipeline: it locks the member row FOR
+// UPDATE first, which waits for any claim batch of the member to commit
+// (batches hold it FOR KEY SHARE), so the count of held claims that
+// leaveSQL reads in its own, later snapshot includes every claim that
+// committed; a batch that comes after sees the member gone. Without it,
+// a Leave and a claim could each miss the other and leave a departed
+// member holding a unit.
+func (p *PG) Leave(ctx context.Context, m MemberRef) error {
+	var (
+		now   *time.Time
+		holds int
+		done  *int
+		cur   memberScan
+	)
+	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+		b.Queue(`SELECT 1 FROM shardkeeper.members WHERE topology = $1 AND member = $2 FOR UPDATE`, m.Topology, m.Member)
+		b.Queue(leaveSQL, m.Topology, m.Member, m.Incarnation)
+	}, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		return br.QueryRow().Scan(scanAll([]any{&now, &holds, &done}, cur.dest())...)
+	})
 	if err != nil {
 		return fmt.Errorf("leave %s: %w", m.Member, err)
 	}

@@ -66,6 +66,11 @@ type snapMember struct {
 
 // Snapshot implements Registry in one statement.
 func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
+	return scanSnapshot(p.pool.QueryRow(ctx, snapshotSQL, topology), topology)
+}
+
+// scanSnapshot reads snapshotSQL's row.
+func scanSnapshot(row pgx.Row, topology string) (Snapshot, error) {
 	s := Snapshot{Topology: topology}
 	var (
 		epochsJSON, membersJSON, retiringJSON []byte
@@ -74,7 +79,7 @@ func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 		reason, floor                         *string
 		servers                               map[string]string
 	)
-	err := p.pool.QueryRow(ctx, snapshotSQL, topology).Scan(scanAll([]any{&s.Now}, paramsDest(&s.Params), []any{&epochsJSON, &membersJSON, &retiringJSON, &allowed, &takenAt, &reason,
+	err := row.Scan(scanAll([]any{&s.Now}, paramsDest(&s.Params), []any{&epochsJSON, &membersJSON, &retiringJSON, &allowed, &takenAt, &reason,
 		&floor, &servers, &s.Counts.Held, &s.Counts.Handover, &s.Counts.Free})...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Snapshot{}, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)

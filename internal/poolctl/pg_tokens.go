@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // tokenReadSQL reads the claim row and its owner's member row.
@@ -52,12 +54,22 @@ func (p *PG) CheckToken(ctx context.Context, t Token) error {
 
 // Claims implements Registry.
 func (p *PG) Claims(ctx context.Context, topology string) ([]ClaimInfo, error) {
-	rows, err := p.pool.Query(ctx, `
-		SELECT `+claimCols("c")+` FROM shardkeeper.topologies t
-		  LEFT JOIN shardkeeper.claims c ON c.topology = t.topology WHERE t.topology = $1`, topology)
+	rows, err := p.pool.Query(ctx, claimsSQL, topology)
 	if err != nil {
 		return nil, fmt.Errorf("list claims of %s: %w", topology, err)
 	}
+	return scanClaims(rows, topology)
+}
+
+// claimsSQL lists a topology's claim rows (one row of NULLs when it has
+// none, none when the topology is unknown).
+var claimsSQL = `
+	SELECT ` + claimCols("c") + ` FROM shardkeeper.topologies t
+	  LEFT JOIN shardkeeper.claims c ON c.topology = t.topology WHERE t.topology = $1`
+
+// scanClaims reads claimsSQL's rows.
+func scanClaims(rows pgx.Rows, topology string) ([]ClaimInfo, error) {
+	defer rows.Close()
 	found := false
 	out := []ClaimInfo{}
 	for rows.Next() {

@@ -24,7 +24,31 @@ type Registry interface {
 	// otherwise the lowest slot no live member holds. Claims held by an
 	// earlier incarnation stay with the member (they are judged by the
 	// member's current lease) until ConfirmOwned re-homes them.
+	//
+	// Join is a process's first join. Its later joins (after its lease
+	// lapsed or a renewal was refused) go through Rejoin, so that two live
+	// processes under one name cannot take the name from each other in
+	// turn.
 	Join(ctx context.Context, topology, member string) (Lease, error)
+	// Rejoin is Join for the process that held incarnation m.Incarnation
+	// of m.Member (0: it never had a lease). process names the calling
+	// process, the same string for its whole life and different for every
+	// process (say the pod UID and the process's start time); the registry
+	// records it with the incarnation it grants.
+	//
+	// While a later incarnation of the name, granted to another process
+	// (one under the same pod name that joined since), is live, Rejoin is
+	// refused with a *DisplacedError (ErrDisplaced) and changes nothing:
+	// the later process keeps the name. The caller has been displaced, not
+	// merely lost its lease: it must not deliver, and should stop, or wait
+	// until DisplacedError.LiveUntil before it tries again (the later
+	// process may die). A later incarnation granted to the same process
+	// (a Rejoin whose reply was lost) does not displace it. Once the later
+	// incarnation has left or lapsed, and for m.Incarnation 0, Rejoin
+	// proceeds as Join does. An incarnation that Renew, Fence or
+	// ConfirmOwned refuse with ErrStaleIncarnation may have been
+	// displaced: Rejoin tells the caller whether it still is.
+	Rejoin(ctx context.Context, m MemberRef, process string) (Lease, error)
 	// Renew extends a live lease. A lease that has expired cannot be
 	// renewed: the member must Join again (ErrLeaseExpired).
 	Renew(ctx context.Context, m MemberRef) (Lease, error)
@@ -76,9 +100,11 @@ type Registry interface {
 	// ReleaseMany is Release for many tokens in one statement; errs[i] is
 	// the outcome of tokens[i].
 	ReleaseMany(ctx context.Context, tokens []Token) (errs []error, err error)
-	// ConfirmOwned confirms, in one statement, every claim the member holds,
+	// ConfirmOwned confirms, in one round trip, every claim the member holds,
 	// re-homing claims of earlier incarnations onto this one (which raises
-	// their epochs), and reports which expected units moved.
+	// their epochs) once the same-name grace has passed and while no epoch
+	// is pending (otherwise they are reported Waiting), and reports which
+	// expected units moved.
 	ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]int64) (Confirmation, error)
 	// Checkpoint records the unit's checkpoint sequence. It is a guarded
 	// write: refused with a *StaleEpochError unless the token is valid.
@@ -132,6 +158,21 @@ type Registry interface {
 	Snapshot(ctx context.Context, topology string) (Snapshot, error)
 	// Claims lists every claim row of the topology, sorted by unit.
 	Claims(ctx context.Context, topology string) ([]ClaimInfo, error)
+	// Observe reads what Snapshot, Claims and Activity return as of one
+	// instant, in one round trip. Three separate reads may each see a
+	// different moment (a claim row newer than the member list, activity
+	// older than both); a caller that judges one against another (the
+	// operator's status and P7 checks) reads them with Observe.
+	Observe(ctx context.Context, topology string) (Observation, error)
+}
+
+// Observation is one topology's registry state as of one instant.
+type Observation struct {
+	Snapshot Snapshot
+	// Claims are sorted by unit, Activity by unit and member, as Claims
+	// and Activity return them.
+	Claims   []ClaimInfo
+	Activity []ActivityReport
 }
 
 // Params are a topology's lease parameters.
@@ -293,11 +334,12 @@ type Confirmation struct {
 	// Moved lists expected units the member no longer holds, sorted by unit.
 	Moved []Moved
 	// Waiting lists units an earlier incarnation of the member holds that
-	// were not re-homed because that incarnation's lease expiry plus the
+	// were not re-homed, sorted: that incarnation's lease expiry plus the
 	// grace has not passed (a second process under the same name may still
-	// deliver them), sorted. They are neither Held (the caller has no valid
-	// token for them) nor Moved (nobody else may take them); confirm again
-	// once the grace has passed.
+	// deliver them), or an epoch is pending (no ownership moves during a
+	// freeze, P2). They are neither Held (the caller has no valid token for
+	// them) nor Moved (nobody else may take them); confirm again once the
+	// grace has passed and no epoch is pending.
 	Waiting []string
 }
 

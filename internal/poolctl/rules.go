@@ -29,6 +29,9 @@ type memberRow struct {
 	// incarnations that had not left (zero if none): until it plus the
 	// grace, a second process under this name may still be delivering.
 	PrevLeaseExpiresAt time.Time
+	// Process names the process granted this incarnation, as its Rejoin
+	// named it ("" for Join).
+	Process string
 }
 
 func (m *memberRow) live(now time.Time) bool {
@@ -173,6 +176,78 @@ func pickSlot(self *memberRow, members []memberRow, now time.Time) (slot int, ta
 			return s, h.Name
 		}
 	}
+}
+
+// joinView is everything a join reads, in one consistent view.
+type joinView struct {
+	NextInc int64
+	Now     time.Time
+	Params  Params
+	Members []memberRow
+}
+
+// joinDecision is what a join writes.
+type joinDecision struct {
+	// Prev is the member's row before the join (nil: never joined), and
+	// Taken the member that is not live whose slot the join takes (nil:
+	// none). PG writes only if both are still as read.
+	Prev, Taken *memberRow
+	// Row is the member row the join writes.
+	Row memberRow
+	// LiftsFence says the join lifts a fence (the earlier incarnation was
+	// fenced or its lease lapsed): Row.FenceLiftedAt is the join's time.
+	LiftsFence bool
+}
+
+// decideJoin applies the membership rules to one view. A rejoin (the
+// process that held ref.Incarnation) is refused while a later incarnation
+// is live (checkDisplaced).
+func decideJoin(ref MemberRef, rejoin bool, process string, v joinView) (joinDecision, error) {
+	var prev *memberRow
+	for i := range v.Members {
+		if v.Members[i].Name == ref.Member {
+			prev = &v.Members[i]
+		}
+	}
+	if rejoin {
+		if err := checkDisplaced(ref, process, prev, v.Now); err != nil {
+			return joinDecision{}, err
+		}
+	}
+	slot, taken := pickSlot(prev, v.Members, v.Now)
+	d := joinDecision{Prev: prev, Row: joinRow(ref.Member, prev, slot, v.NextInc, v.Now, v.Params.LeaseTTL),
+		LiftsFence: prev != nil && (prev.Fenced || !prev.live(v.Now))}
+	d.Row.Process = process
+	for i := range v.Members {
+		if taken != "" && v.Members[i].Name == taken {
+			d.Taken = &v.Members[i]
+		}
+	}
+	return d, nil
+}
+
+// checkDisplaced refuses a rejoin by the process that held ref's
+// incarnation when a later incarnation of the same name, granted to
+// another process under the same pod name, is live. The later process
+// keeps the name: were the earlier one allowed back, each would displace
+// the other at every renewal, and since every join starts the same-name
+// grace again from the displaced incarnation's expiry, neither would ever
+// get the units re-homed (issue 20, defect 6). The rejoin proceeds when
+// nobody live holds the name, when the current incarnation is the
+// caller's own (not later than ref's, or granted to the same process: a
+// rejoin whose reply was lost), and for a process that never had a lease
+// (ref.Incarnation 0), which takes the name as Join does.
+func checkDisplaced(ref MemberRef, process string, cur *memberRow, now time.Time) error {
+	switch {
+	case cur == nil || cur.Left || !cur.live(now):
+		return nil
+	case ref.Incarnation == 0 || cur.Incarnation <= ref.Incarnation:
+		return nil
+	case process != "" && cur.Process == process:
+		return nil
+	}
+	return &DisplacedError{Member: ref.Member, Incarnation: ref.Incarnation, Current: cur.Incarnation,
+		LiveUntil: cur.LeaseExpiresAt}
 }
 
 // joinRow is the member row a join writes. It starts the incarnation at

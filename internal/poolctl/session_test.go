@@ -71,16 +71,17 @@ func TestServerEndsIdleTransactionsAndLockWaits(t *testing.T) {
 	defer stopped.Rollback(ctx)
 	_, err = GuardedExec(ctx, stopped, conf.Held["0.0"], "SELECT 1")
 	must(t, err)
-	// b's claim waits on the row (lock_timeout) until the server ends the
-	// session; then it is decided by the rules (a2 is live: held).
+	// a2's release updates the row, so it waits for the stopped worker's
+	// lock (and fails after lock_timeout) until the server ends that
+	// session. (A claim would not wait: it reads without locks and, a2
+	// being live, writes nothing.)
 	testbed.Eventually(t, 10*time.Second, func() error {
 		bounded, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		_, err := reg.Claim(bounded, b.MemberRef, 1, "0.0")
-		if errors.Is(err, ErrHeld) {
-			return nil
+		if err := reg.Release(bounded, conf.Held["0.0"]); err != nil {
+			return fmt.Errorf("release while the stopped worker's transaction lives: %w", err)
 		}
-		return fmt.Errorf("claim while the stopped worker's transaction lives: %w", err)
+		return nil
 	})
 	if err := stopped.Commit(ctx); err == nil {
 		t.Fatal("the stopped worker's transaction committed after the server ended its session")

@@ -148,6 +148,11 @@ func (t *Twin) valid(tp *twinTopology, tok Token, row *claimRow) error {
 func (t *Twin) Claims(_ context.Context, topology string) ([]ClaimInfo, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.claims(topology)
+}
+
+// claims is Claims with t.mu held.
+func (t *Twin) claims(topology string) ([]ClaimInfo, error) {
 	tp, err := t.topo(topology)
 	if err != nil {
 		return nil, err

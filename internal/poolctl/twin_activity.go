@@ -40,6 +40,11 @@ func (t *Twin) ReportActivity(_ context.Context, m MemberRef, units []UnitActivi
 func (t *Twin) Activity(_ context.Context, topology string) ([]ActivityReport, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.activity(topology)
+}
+
+// activity is Activity with t.mu held.
+func (t *Twin) activity(topology string) ([]ActivityReport, error) {
 	tp, err := t.topo(topology)
 	if err != nil {
 		return nil, err
@@ -55,4 +60,25 @@ func (t *Twin) Activity(_ context.Context, topology string) ([]ActivityReport, e
 		return out[i].Member < out[j].Member
 	})
 	return out, nil
+}
+
+// Observe implements Registry: the three reads under one hold of the
+// twin's mutex.
+func (t *Twin) Observe(ctx context.Context, topology string) (Observation, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var (
+		o   Observation
+		err error
+	)
+	if o.Snapshot, err = t.snapshot(topology); err != nil {
+		return Observation{}, err
+	}
+	if o.Claims, err = t.claims(topology); err != nil {
+		return Observation{}, err
+	}
+	if o.Activity, err = t.activity(topology); err != nil {
+		return Observation{}, err
+	}
+	return o, nil
 }

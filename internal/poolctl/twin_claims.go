@@ -115,7 +115,8 @@ func (t *Twin) ConfirmOwned(_ context.Context, m MemberRef, expected map[string]
 	if err := checkMember(m, me, now); err != nil {
 		return Confirmation{}, fmt.Errorf("confirm owned: %w", err)
 	}
-	may := mayRehome(me, tp.params.Grace, now)
+	// No re-home while an epoch is pending (P2), as for a claim.
+	may := mayRehome(me, tp.params.Grace, now) && !tp.pending()
 	c := Confirmation{Held: map[string]Token{}}
 	waiting := map[string]bool{}
 	for _, unit := range sortedKeys(tp.claims) {
@@ -160,4 +161,14 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// pending reports whether an epoch is pending.
+func (tp *twinTopology) pending() bool {
+	for _, e := range tp.epochs {
+		if e.State == EpochPending {
+			return true
+		}
+	}
+	return false
 }

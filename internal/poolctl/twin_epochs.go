@@ -136,6 +136,11 @@ func (t *Twin) PublishResetPermission(_ context.Context, topology string, p Rese
 func (t *Twin) Snapshot(_ context.Context, topology string) (Snapshot, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.snapshot(topology)
+}
+
+// snapshot is Snapshot with t.mu held.
+func (t *Twin) snapshot(topology string) (Snapshot, error) {
 	tp, err := t.topo(topology)
 	if err != nil {
 		return Snapshot{}, err

@@ -7,32 +7,42 @@ import (
 
 // Join implements Registry.
 func (t *Twin) Join(_ context.Context, topology, member string) (Lease, error) {
-	if member == "" {
+	return t.join(MemberRef{Topology: topology, Member: member}, false, "")
+}
+
+// Rejoin implements Registry.
+func (t *Twin) Rejoin(_ context.Context, m MemberRef, process string) (Lease, error) {
+	return t.join(m, true, process)
+}
+
+// join decides by the rules PG applies (decideJoin) and writes.
+func (t *Twin) join(ref MemberRef, rejoin bool, process string) (Lease, error) {
+	if ref.Member == "" {
 		return Lease{}, fmt.Errorf("join: empty member name: %w", ErrInvalid)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	tp, err := t.topo(topology)
+	tp, err := t.topo(ref.Topology)
 	if err != nil {
 		return Lease{}, err
 	}
-	now := t.now(tp)
-	prev := tp.members[member]
-	var all []memberRow
+	v := joinView{NextInc: tp.nextInc, Now: t.now(tp), Params: tp.params}
 	for _, m := range tp.members {
-		all = append(all, *m)
+		v.Members = append(v.Members, *m)
 	}
-	slot, taken := pickSlot(prev, all, now)
-	if taken != "" {
-		tp.members[taken].Slot = -1
+	d, err := decideJoin(ref, rejoin, process, v)
+	if err != nil {
+		return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
 	}
-	inc := tp.nextInc
+	if d.Taken != nil {
+		tp.members[d.Taken.Name].Slot = -1
+	}
 	tp.nextInc++
-	row := joinRow(member, prev, slot, inc, now, tp.params.LeaseTTL)
+	row := d.Row
 	t.setMember(tp, &row)
 	return Lease{
-		MemberRef: MemberRef{Topology: topology, Member: member, Incarnation: inc},
-		Slot:      slot, TTL: tp.params.LeaseTTL, ExpiresAt: row.LeaseExpiresAt, Params: tp.params,
+		MemberRef: MemberRef{Topology: ref.Topology, Member: ref.Member, Incarnation: v.NextInc},
+		Slot:      row.Slot, TTL: tp.params.LeaseTTL, ExpiresAt: row.LeaseExpiresAt, Params: tp.params,
 	}, nil
 }
 
