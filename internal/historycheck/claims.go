@@ -90,3 +90,37 @@ func (t *tokens) leaseInvalid(member string, inc, x int64) string {
 	}
 	return ""
 }
+
+// movedAway says, for an action of token (unit, member, epoch) whose check
+// passed earlier and that took effect until x, whether the unit was
+// another token's before x: the claim holding just before x is held or
+// handed over by another owner or at another epoch. (An action ending at
+// the very instant the claim moves shares no instant with the new owner's,
+// as windows touching at an end do not overlap.) "" when it was not.
+func (t *tokens) movedAway(unit, member string, epoch, x int64) string {
+	list := t.claims[unit]
+	i := holding(len(list), func(i int) int64 { return list[i].at }, x-1)
+	if i < 0 {
+		return ""
+	}
+	c := list[i].ev
+	if (c.State == StateHeld || c.State == StateHandover) && (c.Owner != member || c.Epoch != epoch) {
+		return fmt.Sprintf("it took effect until %s, when the claim was %s's at epoch %d (%s since %s)",
+			fmtTime(x), c.Owner, c.Epoch, c.Op, fmtTime(list[i].at))
+	}
+	return ""
+}
+
+// actionInvalid judges a record by both its instants: its token must be
+// valid at Start (the check passed), and the unit must not have moved to
+// another token by its End (the action returned), when it names one.
+func (t *tokens) actionInvalid(a *action) string {
+	r := a.rec
+	if why := t.invalid(r.Unit, a.member, r.Epoch, r.Incarnation, a.start); why != "" {
+		return why
+	}
+	if a.end > a.start {
+		return t.movedAway(r.Unit, a.member, r.Epoch, a.end)
+	}
+	return ""
+}
