@@ -220,9 +220,11 @@ func failOnForbidden(w *world, st *topologyv1.ShardTopology) {
 type independent struct {
 	replicas int32
 	topo     ownership.Topology
-	// extra are the rows driveOverlap published; overlapped says it saw
-	// the overlap it drives; bursts numbers its bursts.
+	// extra are the rows driveOverlap published; moved counts the units
+	// it found pulled by an old and a replaced pod at once; overlapped says
+	// it saw the overlap it drives; bursts numbers its bursts.
 	extra      map[string]ownership.Unit
+	moved      int
 	overlapped bool
 	bursts     int
 }
@@ -247,7 +249,9 @@ func (s *independent) Change(w *world, topo ownership.Topology) {
 		if s.overlapped {
 			return
 		}
-		rows, ok := s.driveOverlap(w, movedUnits(from, topo, s.replicas, replaced))
+		moved := movedUnits(from, topo, s.replicas, replaced)
+		s.moved += len(moved)
+		rows, ok := s.driveOverlap(w, moved)
 		maps.Copy(s.extra, rows)
 		s.overlapped = ok
 	})
