@@ -93,6 +93,55 @@ func actionsAfter(procs []history.Process, member string, inc int64, from time.T
 	return out
 }
 
+// firstRecordAfter is the wall time of the first record the process pid of
+// member wrote after from: when a paused process really ran again.
+func firstRecordAfter(procs []history.Process, member string, pid int, from time.Time) (time.Time, bool) {
+	for _, p := range procs {
+		if len(p.Records) == 0 || p.Records[0].Member != member || pidOf(p.Name) != pid {
+			continue
+		}
+		for _, r := range p.Records[1:] {
+			if at := p.WallTime(r.Start); at.After(from) {
+				return at, true
+			}
+		}
+	}
+	return time.Time{}, false
+}
+
+// pidOf is the pid in a history file's name, "<member>-<pid>-<mono>".
+func pidOf(name string) int {
+	parts := strings.Split(name, "-")
+	if len(parts) < 3 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(parts[len(parts)-2])
+	return pid
+}
+
+// takenOver lists the units of held that the claim history gives to
+// another member, or to another incarnation of member than inc, between
+// from and to.
+func takenOver(events []poolctl.ClaimEvent, held []string, member string, inc int64, from, to time.Time) []string {
+	want := map[string]bool{}
+	for _, u := range held {
+		want[u] = true
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range events {
+		if !want[e.Unit] || seen[e.Unit] || e.At.Before(from) || e.At.After(to) || e.Owner == "" || e.State == poolctl.StateFree {
+			continue
+		}
+		if e.Owner != member || e.Incarnation != inc {
+			seen[e.Unit] = true
+			out = append(out, e.Unit)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // inFlight lists the rows member's incarnation inc delivered and never
 // settled: what it held in its handler when it died.
 func inFlight(procs []history.Process, member string, inc int64) map[string]time.Time {
