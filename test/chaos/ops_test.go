@@ -228,7 +228,7 @@ func (s *scene) signalPod(pod string, sig syscall.Signal) {
 // stopped (after that instant it records nothing until it runs again) and
 // when the test sent SIGCONT.
 type pause struct {
-	pid                int
+	pid               int
 	stoppedAt, contAt time.Time
 }
 
