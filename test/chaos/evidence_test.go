@@ -160,6 +160,19 @@ func inFlight(procs []history.Process, member string, inc int64) map[string]time
 	return delivered
 }
 
+// inFlightOf counts the rows of rows (from inFlight) that were delivered
+// from unit.
+func inFlightOf(rows map[string]time.Time, procs []history.Process, unit string) int {
+	n := 0
+	for _, a := range acts(procs, history.KindDeliver) {
+		if _, ok := rows[a.rec.RowID]; ok && a.rec.Unit == unit {
+			n++
+			delete(rows, a.rec.RowID)
+		}
+	}
+	return n
+}
+
 // redelivered is, for each row, the first delivery after from by another
 // member or incarnation than (member, inc).
 func redelivered(procs []history.Process, rows map[string]time.Time, member string, inc int64, from time.Time) map[string]time.Time {
@@ -342,6 +355,9 @@ func (s *scene) expectNoPodDeletedHolding() {
 	s.t.Helper()
 	events := s.claimHistory()
 	dels := s.podDeletions()
+	if len(dels) == 0 {
+		s.t.Errorf("the operator deleted no pod: the roll under test never reached a deletion, so the check tested nothing")
+	}
 	for _, d := range dels {
 		if held := heldAt(events, d.ObjectRef.Name, d.Received); len(held) > 0 {
 			s.t.Errorf("the operator deleted pod %s at %s while its member held %v", d.ObjectRef.Name, d.Received.Format(time.RFC3339Nano), held)

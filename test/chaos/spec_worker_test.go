@@ -147,7 +147,10 @@ func killedMidHandover(reset bool) func(*scene) {
 		killAt := time.Now()
 		s.signalPod(pod, syscall.SIGKILL)
 		s.slowSink(pod, 0)
-		rows := inFlight(s.histories(), pod, inc)
+		rows := inFlight(s.histories(), pod, inc) // final: the process is dead
+		if len(rows) == 0 {
+			s.t.Errorf("%s had no row in flight when it was killed mid-handover: no takeover of rows was tested", pod)
+		}
 		bound := s.flowBound()
 		if !reset {
 			bound += s.input.ackWait()
@@ -213,8 +216,20 @@ func scaleDownHolderDies(to ownership.Topology, sig syscall.Signal) func(*scene)
 			s.t.Fatalf("leaving unit %s moved from %s to %q before the fault", leaving, holder, h)
 		}
 		pending := s.consumerRows(leaving)
+		inc := s.incarnationOf(holder)
+		s.awaitInFlight(holder)
 		old, _ := s.kubelet.Addr(holder)
 		s.signalPod(holder, sig)
+		// The fault must land mid-drain: rows of the leaving unit in the
+		// holder's handler and more waiting in its consumer. (A SIGKILLed
+		// holder's history is final now; a SIGTERMed one's only grows.)
+		rows := inFlightOf(inFlight(s.histories(), holder, inc), s.histories(), leaving.String())
+		switch {
+		case pending <= 0:
+			s.t.Errorf("%s's consumer held no rows when %s was signalled: the drain under test was over", leaving, holder)
+		case rows == 0:
+			s.t.Errorf("%s had no row of %s in flight when it was signalled: it was not draining", holder, leaving)
+		}
 		if sig == syscall.SIGTERM {
 			// It drains for its drain timeout, releases what is left and
 			// exits; its restarted process must not be slow.
@@ -222,7 +237,7 @@ func scaleDownHolderDies(to ownership.Topology, sig syscall.Signal) func(*scene)
 		}
 		s.slowSink(holder, 0)
 		s.settle()
-		s.note("%s sent to %s mid-drain of %s with %d rows left in its consumer", unix.SignalName(sig), holder, leaving, pending)
+		s.note("%s sent to %s mid-drain of %s with %d rows of it in flight and %d left in its consumer", unix.SignalName(sig), holder, leaving, rows, pending)
 		s.waitReady(to, 3*time.Minute)
 		s.expectBurstDelivered(burst)
 		s.expectRetiringEmpty()
@@ -303,12 +318,25 @@ func killedAndRestarted(mid *ownership.Topology) func(*scene) {
 			})
 		}
 		s.disturb()
+		// A slow sink keeps rows in the handler, so the kill lands with
+		// rows in flight; the restarted process is not slow.
+		inc := s.incarnationOf(pod)
+		s.slowSink(pod, 200*time.Millisecond)
+		s.awaitInFlight(pod)
 		held := len(s.unitsOf(pod))
 		old, _ := s.kubelet.Addr(pod)
 		s.signalPod(pod, syscall.SIGKILL)
+		s.slowSink(pod, 0)
+		rows := len(inFlight(s.histories(), pod, inc)) // final: the process is dead
+		switch {
+		case held == 0:
+			s.t.Errorf("%s held no unit when it was killed: the kill tested nothing", pod)
+		case rows == 0:
+			s.t.Errorf("%s had no row in flight when it was killed", pod)
+		}
 		s.awaitRestart(pod, old)
 		restarted := time.Now()
 		s.settle()
-		s.expectFlowWithin(topo, restarted, s.flowBound(), fmt.Sprintf("after %s (holding %d units) was killed and restarted", pod, held))
+		s.expectFlowWithin(topo, restarted, s.flowBound(), fmt.Sprintf("after %s (holding %d units, %d rows in flight) was killed and restarted", pod, held, rows))
 	}
 }
