@@ -20,6 +20,9 @@ func Check(in Input) Verdict {
 		ClaimChecksNA: in.NoRegistry, P2NA: in.NoRegistry,
 	}
 	c.checkHistories(&v)
+	if !in.NoRegistry {
+		c.clipToLeases()
+	}
 	c.checkOverlap(&v)
 	c.countPulls(&v)
 	if !v.ClaimChecksNA {
@@ -47,6 +50,23 @@ func (c *checker) claimIndex() *tokens {
 		c.t = indexTokens(c.in.Claims, c.in.Leases)
 	}
 	return c.t
+}
+
+// clipToLeases ends each delivery's window no later than its member's
+// lease (of the record's incarnation) stopped being live: a process whose
+// lease lapsed (paused, cut off) is no longer the unit's owner as far as
+// anyone else may act, and what it does after that is judged by the token
+// checks of its settles and sink writes. A window left open across a
+// release, with the lease live, stays open: a handler still working after
+// its member gave the unit up overlaps the next owner.
+func (c *checker) clipToLeases() {
+	t := c.claimIndex()
+	for i := range c.ev.deliveries {
+		d := &c.ev.deliveries[i]
+		if d.windowEnd > d.end {
+			d.windowEnd = max(d.end, t.leaseEnd(d.member, d.rec.Incarnation, d.start, d.windowEnd))
+		}
+	}
 }
 
 // countPulls counts units two processes were pulling at once: their fetch

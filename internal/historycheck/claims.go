@@ -124,3 +124,34 @@ func (t *tokens) actionInvalid(a *action) string {
 	}
 	return ""
 }
+
+// leaseEnd is the first instant at or after x at which member's lease of
+// incarnation inc (of any incarnation when inc is 0) was no longer live,
+// or limit when it was live until then: renewals before an expiry carry
+// the lease on; a lapse, a leave or another incarnation's join ends it.
+func (t *tokens) leaseEnd(member string, inc, x, limit int64) int64 {
+	list := t.leases[member]
+	i := holding(len(list), func(i int) int64 { return list[i].at }, x)
+	if i < 0 {
+		return x
+	}
+	valid := func(l leaseAt) bool { return !l.ev.Left && (inc == 0 || l.ev.Incarnation == inc) }
+	if !valid(list[i]) {
+		return x
+	}
+	until := list[i].expires
+	for j := i + 1; j < len(list); j++ {
+		for j+1 < len(list) && list[j+1].at == list[j].at {
+			j++ // of events at one instant, the last holds
+		}
+		next := list[j]
+		if next.at >= limit || next.at > until {
+			break // past the window, or lapsed before anything renewed it
+		}
+		if !valid(next) || (inc == 0 && next.ev.Incarnation != list[i].ev.Incarnation) {
+			return max(x, next.at)
+		}
+		until = next.expires
+	}
+	return max(x, min(until, limit))
+}

@@ -47,8 +47,17 @@
 // the same NumDelivered when the closing record names one, else the oldest
 // open one. A delivery nothing closed runs to its process's end, the
 // latest instant of any record of that process after its clock record: its
-// handler may have been working (or the process paused inside it) until
-// then. An ack, nak or term that follows no delivery of its row is an
+// handler may have been working until then. With a registry, a window
+// ends no later than its member's lease of the record's incarnation
+// stopped being live (the first instant from its start at which the lease
+// event holding is of another incarnation, a leave, or expired; of any
+// incarnation, the one holding at the start, when the record names none):
+// a process whose lease lapsed (paused inside its handler, cut off) is no
+// longer the owner anyone else waits for, and what it does afterwards is
+// judged by the token checks of its settles and sink writes. A window left
+// open across a release while the lease is live stays open: a handler
+// still working after its member gave the unit up overlaps the next
+// owner. An ack, nak or term that follows no delivery of its row is an
 // action on the unit all the same: it gets the window [Start, End] of its
 // own record.
 //

@@ -139,6 +139,27 @@ func TestPlantedViolations(t *testing.T) {
 			want: map[string]string{CheckOverlaps: "1"},
 		},
 		{
+			// a was paused inside its handler from 20: its lease lapsed at
+			// 25, b adopted at 40 and delivered at 50, and a, resumed,
+			// withheld the row at 60. While a's lease was live nobody
+			// else acted; after it, a's actions are judged by their tokens.
+			name: "a delivery open across its member's lease lapse ends there",
+			in: takeoverWith(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).
+				add(history.KindWithheld, "0.0", 1, "r1", 60, 0))),
+			clean: true,
+			want:  map[string]string{CheckOverlaps: "0"},
+		},
+		{
+			// The same pause, but a's lease was renewed until 55 (its
+			// renewals got through): its open handler overlaps b's.
+			name: "a delivery open while its member's lease is renewed overlaps the next owner",
+			in: takeoverWith(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).
+				add(history.KindWithheld, "0.0", 1, "r1", 60, 0)), func(in *Input) {
+				in.Leases = append(in.Leases, lease("a", 1, 24, 55))
+			}),
+			want: map[string]string{CheckOverlaps: "1", CheckP5: "1"},
+		},
+		{
 			name: "delivery withheld before the next owner delivers is clean",
 			in: with(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).
 				add(history.KindAbandon, "0.0", 1, "r1", 25, 0))),
@@ -269,6 +290,46 @@ func TestRandomAdoptionsAreJudgedByTheGrace(t *testing.T) {
 		if v := Check(in); (v.P5Violations > 0) != early {
 			t.Fatalf("expiry %d, grace %d, lift %d, adoption at %d: early %v, P5 violations %d\n%s",
 				expiry, grace, lift, adoptAt, early, v.P5Violations, v.Table())
+		}
+	})
+}
+
+// leaseEnd agrees with its definition taken instant by instant: the first
+// instant from x on at which the member's lease of the incarnation is not
+// live (the lease event holding then is of another incarnation, a leave,
+// or expired), or limit.
+func TestLeaseEndMatchesInstantByInstant(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var leases []LeaseEvent
+		at := 0
+		for range rapid.IntRange(0, 8).Draw(t, "events") {
+			at += rapid.IntRange(0, 6).Draw(t, "gap")
+			e := lease("a", int64(rapid.IntRange(1, 2).Draw(t, "inc")), at, at+rapid.IntRange(0, 8).Draw(t, "ttl"))
+			e.Left = rapid.IntRange(0, 5).Draw(t, "left") == 0
+			leases = append(leases, e)
+		}
+		inc := int64(rapid.IntRange(0, 2).Draw(t, "record's inc"))
+		x := rapid.IntRange(0, 40).Draw(t, "x")
+		limit := x + rapid.IntRange(0, 40).Draw(t, "window")
+		tk := indexTokens(nil, leases)
+		live := func(ms int) bool {
+			l, ok := tk.leaseAt("a", wall(ms))
+			if inc == 0 {
+				// Any incarnation, but the one holding at x.
+				first, ok0 := tk.leaseAt("a", wall(x))
+				return ok && ok0 && !l.ev.Left && l.expires > wall(ms) && l.ev.Incarnation == first.ev.Incarnation
+			}
+			return ok && !l.ev.Left && l.expires > wall(ms) && l.ev.Incarnation == inc
+		}
+		want := limit
+		for ms := x; ms < limit; ms++ {
+			if !live(ms) {
+				want = ms
+				break
+			}
+		}
+		if got := tk.leaseEnd("a", inc, wall(x), wall(limit)); got != wall(want) {
+			t.Fatalf("leaseEnd(inc %d, x %d, limit %d) = %v, want %d ms; leases %+v", inc, x, limit, time.Duration(got-wall(0)), want, leases)
 		}
 	})
 }
