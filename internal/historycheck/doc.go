@@ -105,7 +105,9 @@
 // against the one before it; Input.Grace is the grace (zero fails P5, as
 // no verdict). Every event that gives the unit to a member (Op "claim",
 // "adopt", "rehome" or "settle", State "held") needs that member's lease
-// event holding at its At not Fenced. An "adopt" also needs the adopter's
+// on record at its At, and, but for a "rehome" (a confirmation moves a
+// member's own units onto its new incarnation whatever its fence), not
+// Fenced. An "adopt" also needs the adopter's
 // FenceLiftedAt, if any, at least the grace before it, and, when the
 // previous event held the unit for another member, that member's lease
 // event holding at At (of any incarnation: a rejoined member protects its

@@ -50,7 +50,7 @@ func (t *tokens) p5Violation(prev, e *ClaimEvent, x, grace int64) string {
 	switch {
 	case !ok:
 		return fmt.Sprintf("%s had no lease on record", e.Owner)
-	case me.ev.Fenced:
+	case me.ev.Fenced && e.Op != OpRehome: // a confirmation re-homes a member's own units whatever its fence
 		return fmt.Sprintf("%s was fenced (since %s)", e.Owner, fmtTime(me.at))
 	case e.Op == OpAdopt && !me.ev.FenceLiftedAt.IsZero() && me.ev.FenceLiftedAt.UnixNano()+grace > x:
 		return fmt.Sprintf("%s's own fence lifted at %s, less than the grace (%s) before", e.Owner,
