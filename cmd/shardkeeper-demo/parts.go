@@ -25,14 +25,17 @@ const namespace = "demo"
 
 // parts are the running pieces, stopped in reverse order of start.
 type parts struct {
-	dir   string
-	pg    *pgtest.Server
-	dsn   string
-	nats  *natstest.Cluster
-	env   *kubetest.Environment
-	k     client.Client
-	cs    kubernetes.Interface
-	stops []func()
+	dir  string
+	pg   *pgtest.Server
+	dsn  string
+	nats *natstest.Cluster
+	env  *kubetest.Environment
+	k    client.Client
+	cs   kubernetes.Interface
+	// kubelet runs the worker pods; the checker requires a history of
+	// every process it started.
+	kubelet *kubelet.Kubelet
+	stops   []func()
 }
 
 func (p *parts) onStop(f func()) { p.stops = append(p.stops, f) }
@@ -126,6 +129,7 @@ func (p *parts) startKubelet(ctx context.Context) error {
 		},
 		Output: func(string) io.Writer { return logs },
 	}
+	p.kubelet = kl
 	kctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = kl.Run(kctx) }()

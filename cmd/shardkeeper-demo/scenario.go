@@ -292,7 +292,8 @@ func judge(ctx context.Context, p *parts, ids []string, topology string) error {
 	for _, id := range ids {
 		published[id] = ""
 	}
-	in, err := fleettest.Gather(ctx, fleettest.Source{HistoryDir: p.historyDir(), DSN: p.dsn, Registry: reg, Topology: topology}, published)
+	in, err := fleettest.Gather(ctx, fleettest.Source{HistoryDir: p.historyDir(), DSN: p.dsn, Registry: reg, Topology: topology,
+		Expected: fleettest.KubeletProcesses(p.kubelet)()}, published)
 	if err != nil {
 		return err
 	}

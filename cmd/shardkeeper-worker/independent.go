@@ -34,7 +34,13 @@ import (
 // while old and new pods run side by side they disagree on the units whose
 // slot differs between the two placements, which are then pulled by two
 // pods or by none. It exists to be measured, not used.
-func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
+func runIndependent(ctx context.Context, cfg config, log logr.Logger) (err error) {
+	// First in, last out, as in run.
+	rec, err := openHistory(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeHistory(rec, &err)
 	ordinal, err := podOrdinal(cfg.member)
 	if err != nil {
 		return err
@@ -68,13 +74,6 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	defer srv.Close()
 
-	rec, err := openHistory(cfg)
-	if err != nil {
-		return err
-	}
-	if rec != nil {
-		defer rec.Close()
-	}
 	layout := natsops.Layout{SubjectPrefix: cfg.subjectPrefix, ConsumerName: cfg.consumerName}
 	log.Info("Independent worker starting", "ordinal", ordinal, "units", len(mine), "topology", topo.String())
 	var wg sync.WaitGroup

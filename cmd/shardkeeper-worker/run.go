@@ -26,7 +26,14 @@ import (
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
 
-func run(ctx context.Context, cfg config, log logr.Logger) error {
+func run(ctx context.Context, cfg config, log logr.Logger) (err error) {
+	// The history opens first, so every process that ran leaves one, and
+	// closes last, after every handler returned.
+	rec, err := openHistory(cfg)
+	if err != nil {
+		return err
+	}
+	defer closeHistory(rec, &err)
 	nc, err := connectNATS(cfg)
 	if err != nil {
 		return err
@@ -55,10 +62,6 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 	s.delay, s.delayFile = cfg.handlerDelay, cfg.handlerDelayFile
 
-	rec, err := openHistory(cfg)
-	if err != nil {
-		return err
-	}
 	opts := worker.Options{
 		Topology: cfg.topology, Member: cfg.member, Registry: reg, NATS: nc,
 		SubjectPrefix: cfg.subjectPrefix, ConsumerName: cfg.consumerName,
@@ -66,7 +69,6 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		Logger: log, Metrics: promReg,
 	}
 	if rec != nil {
-		defer rec.Close()
 		opts.History = rec
 	}
 	w, err := worker.New(opts)
@@ -108,6 +110,18 @@ func openHistory(cfg config) (*history.FileRecorder, error) {
 		return nil, fmt.Errorf("open delivery history in --history-dir: %w", err)
 	}
 	return rec, nil
+}
+
+// closeHistory closes rec (if any) and joins its error to *err: a history
+// with lost records must not pass as complete evidence, so the process
+// exits with an error instead.
+func closeHistory(rec *history.FileRecorder, err *error) {
+	if rec == nil {
+		return
+	}
+	if cerr := rec.Close(); cerr != nil {
+		*err = errors.Join(*err, cerr)
+	}
 }
 
 // natsAuth reads the credential forms and TLS files the operator accepts

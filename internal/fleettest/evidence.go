@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shardkeeper/shardkeeper/internal/historycheck"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -12,12 +14,19 @@ import (
 )
 
 // Source says where a fleet's evidence is: the workers' history files,
-// the registry (its history) and the sink's database.
+// the registry (its history) and the sink's database, and which processes
+// the harness started.
 type Source struct {
 	HistoryDir string
 	DSN        string
 	Registry   poolctl.HistoryReader
 	Topology   string
+	// Expected lists every worker process the harness started (each
+	// incarnation); the checker fails a run where one left no history.
+	Expected []historycheck.ExpectedProcess
+	// Grace is P5's adoption grace; zero reads the topology's from the
+	// registry at DSN.
+	Grace time.Duration
 }
 
 // Evidence gathers what the history checker judges: every worker's
@@ -28,7 +37,8 @@ func (f *Fleet) Evidence(ctx context.Context, published map[string]ownership.Uni
 	for id, u := range published {
 		ids[id] = u.String()
 	}
-	return Gather(ctx, Source{HistoryDir: f.HistoryDir, DSN: f.DSN, Registry: f.Registry, Topology: f.Topology}, ids)
+	return Gather(ctx, Source{HistoryDir: f.HistoryDir, DSN: f.DSN, Registry: f.Registry, Topology: f.Topology,
+		Expected: f.Expected()}, ids)
 }
 
 // Gather reads the evidence at src; published maps row ids to units.
@@ -37,7 +47,12 @@ func Gather(ctx context.Context, src Source, published map[string]string) (histo
 	if err != nil {
 		return historycheck.Input{}, fmt.Errorf("read delivery histories: %w", err)
 	}
-	in := historycheck.Input{Processes: procs, Published: published}
+	in := historycheck.Input{Processes: procs, Published: published, Expected: src.Expected, Grace: src.Grace}
+	if in.Grace == 0 {
+		if in.Grace, err = ReadGrace(ctx, src.DSN, src.Topology); err != nil {
+			return in, err
+		}
+	}
 	sink, err := ReadSink(ctx, src.DSN)
 	if err != nil {
 		return in, fmt.Errorf("read sink: %w", err)
@@ -67,7 +82,7 @@ func registryEvidence(ctx context.Context, src Source, in *historycheck.Input) e
 	}
 	for _, l := range leases {
 		in.Leases = append(in.Leases, historycheck.LeaseEvent{Member: l.Member, Incarnation: l.Incarnation, At: l.At,
-			ExpiresAt: l.ExpiresAt, Left: l.Left})
+			ExpiresAt: l.ExpiresAt, Left: l.Left, Fenced: l.Fenced, FenceLiftedAt: l.FenceLiftedAt})
 	}
 	epochs, err := src.Registry.EpochHistory(ctx, src.Topology)
 	if err != nil {
@@ -81,6 +96,20 @@ func registryEvidence(ctx context.Context, src Source, in *historycheck.Input) e
 			ActivatedAt: e.ActivatedAt, RetiredAt: e.RetiredAt})
 	}
 	return nil
+}
+
+// ReadGrace reads the topology's adoption grace from the registry at dsn.
+func ReadGrace(ctx context.Context, dsn, topology string) (time.Duration, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, fmt.Errorf("read grace: %w", err)
+	}
+	defer conn.Close(ctx)
+	var grace time.Duration
+	if err := conn.QueryRow(ctx, `SELECT grace FROM shardkeeper.topologies WHERE topology = $1`, topology).Scan(&grace); err != nil {
+		return 0, fmt.Errorf("read grace of topology %s: %w", topology, err)
+	}
+	return grace, nil
 }
 
 // Verdict waits until every published row reached the sink (or timeout),

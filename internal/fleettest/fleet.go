@@ -21,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/shardkeeper/shardkeeper/internal/historycheck"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -104,6 +105,10 @@ type Fleet struct {
 
 	mu      sync.Mutex
 	workers map[string]*Worker
+	// started is every worker process the fleet started, restarts too.
+	started []*Worker
+	// sources list the worker processes others started (AddProcesses).
+	sources []func() []historycheck.ExpectedProcess
 }
 
 // Start starts NATS, PostgreSQL and the registry, provisions the first

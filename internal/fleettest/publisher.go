@@ -125,6 +125,14 @@ func (p *Publisher) Published() int {
 // burst down instead of failing it.
 func (f *Fleet) PublishBurst(units []ownership.Unit, n int) map[string]ownership.Unit {
 	f.T.Helper()
+	return f.PublishBurstAs("burst", units, n)
+}
+
+// PublishBurstAs is PublishBurst with row ids "<prefix>-<n>", so a test
+// can publish several bursts (the stream drops a repeated id as a
+// duplicate).
+func (f *Fleet) PublishBurstAs(prefix string, units []ownership.Unit, n int) map[string]ownership.Unit {
+	f.T.Helper()
 	js, err := jetstream.New(f.NATS.Connect(-1))
 	if err != nil {
 		f.T.Fatal(err)
@@ -133,7 +141,7 @@ func (f *Fleet) PublishBurst(units []ownership.Unit, n int) map[string]ownership
 	defer cancel()
 	acked := map[string]ownership.Unit{}
 	for from := 0; from < n; from += burstWindow {
-		if err := publishWindow(ctx, js, f, units, from, min(from+burstWindow, n), acked); err != nil {
+		if err := publishWindow(ctx, js, f, prefix, units, from, min(from+burstWindow, n), acked); err != nil {
 			f.T.Fatalf("publish burst: %v", err)
 		}
 	}
@@ -146,11 +154,11 @@ const burstWindow = 256
 
 // publishWindow publishes rows [from, to) of a burst and waits for their
 // acknowledgements.
-func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, units []ownership.Unit, from, to int, acked map[string]ownership.Unit) error {
+func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, prefix string, units []ownership.Unit, from, to int, acked map[string]ownership.Unit) error {
 	futures := make([]jetstream.PubAckFuture, 0, to-from)
 	for i := from; i < to; i++ {
 		u := units[i%len(units)]
-		id := fmt.Sprintf("burst-%08d", i)
+		id := fmt.Sprintf("%s-%08d", prefix, i)
 		msg := &nats.Msg{Subject: f.Layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{}}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		fut, err := js.PublishMsgAsync(msg)
@@ -163,9 +171,9 @@ func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, units 
 		i := from + k
 		select {
 		case <-fut.Ok():
-			acked[fmt.Sprintf("burst-%08d", i)] = units[i%len(units)]
+			acked[fmt.Sprintf("%s-%08d", prefix, i)] = units[i%len(units)]
 		case err := <-fut.Err():
-			return fmt.Errorf("publish burst-%08d: %w", i, err)
+			return fmt.Errorf("publish %s-%08d: %w", prefix, i, err)
 		case <-ctx.Done():
 			return fmt.Errorf("publish burst timed out: %w", ctx.Err())
 		}

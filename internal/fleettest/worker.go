@@ -12,7 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardkeeper/shardkeeper/internal/historycheck"
 	"github.com/shardkeeper/shardkeeper/internal/testbed"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/kubelet"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
@@ -26,6 +28,18 @@ type Worker struct {
 
 	cmd    *exec.Cmd
 	exited chan struct{}
+}
+
+// Expected is the process as the history checker expects it: its member
+// and pid, and whether it may have been cut short (killed by a signal, or
+// still running).
+func (w *Worker) Expected() historycheck.ExpectedProcess {
+	e := historycheck.ExpectedProcess{Member: w.Name, PID: w.cmd.Process.Pid, Abrupt: true}
+	if w.Exited() {
+		ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus)
+		e.Abrupt = ok && ws.Signaled()
+	}
+	return e
 }
 
 // Env is the environment a reference worker of this fleet needs, apart
@@ -79,6 +93,7 @@ func (f *Fleet) StartWorkerWith(member string, env ...string) *Worker {
 	go func() { _ = w.cmd.Wait(); logf.Close(); close(w.exited) }()
 	f.mu.Lock()
 	f.workers[member] = w
+	f.started = append(f.started, w)
 	f.mu.Unlock()
 	f.T.Cleanup(func() {
 		if f.T.Failed() {
@@ -163,6 +178,43 @@ func StatusOf(ctx context.Context, addr string) (worker.Status, error) {
 	}
 	defer resp.Body.Close()
 	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+// AddProcesses adds a source of started worker processes the fleet did
+// not start itself (a kubelet's), for Expected.
+func (f *Fleet) AddProcesses(list func() []historycheck.ExpectedProcess) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sources = append(f.sources, list)
+}
+
+// Expected lists every worker process started for this fleet, by the fleet
+// or by a source AddProcesses gave it: the processes whose histories the
+// checker requires.
+func (f *Fleet) Expected() []historycheck.ExpectedProcess {
+	f.mu.Lock()
+	started, sources := append([]*Worker{}, f.started...), append([]func() []historycheck.ExpectedProcess{}, f.sources...)
+	f.mu.Unlock()
+	out := []historycheck.ExpectedProcess{}
+	for _, w := range started {
+		out = append(out, w.Expected())
+	}
+	for _, src := range sources {
+		out = append(out, src()...)
+	}
+	return out
+}
+
+// KubeletProcesses is a source for AddProcesses: every process k started,
+// each a worker that records a history under its pod's name.
+func KubeletProcesses(k *kubelet.Kubelet) func() []historycheck.ExpectedProcess {
+	return func() []historycheck.ExpectedProcess {
+		var out []historycheck.ExpectedProcess
+		for _, p := range k.Started() {
+			out = append(out, historycheck.ExpectedProcess{Member: p.Pod, PID: p.PID, Abrupt: p.Running || p.Signaled})
+		}
+		return out
+	}
 }
 
 // StopAll kills every worker still running.

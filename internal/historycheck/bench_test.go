@@ -20,11 +20,12 @@ func bigHistory() Input {
 		perUnit        = 100_000 / units
 	)
 	rng := rand.New(rand.NewPCG(1, 2))
-	in := Input{Epochs: []EpochSpan{{Number: 1, Partitions: 4, Shards: 16, ActivatedAt: t0}}, Published: map[string]string{}}
+	in := Input{Epochs: []EpochSpan{{Number: 1, Partitions: 4, Shards: 16, ActivatedAt: t0}}, Published: map[string]string{}, Grace: time.Second}
 	procs := make([]history.Process, members)
 	for m := range procs {
 		procs[m] = history.Process{Name: fmt.Sprintf("w-%d-1-1", m), MonoToWall: t0.UnixNano() - int64(m+1)*int64(time.Hour)}
 		procs[m].Records = append(procs[m].Records, history.Record{Kind: history.KindClock, Member: fmt.Sprint("w-", m), Start: 0, Wall: procs[m].MonoToWall})
+		in.Expected = append(in.Expected, ExpectedProcess{Member: fmt.Sprint("w-", m), PID: 1})
 		for s := time.Duration(0); s < span+tenure; s += time.Second {
 			in.Leases = append(in.Leases, LeaseEvent{Member: fmt.Sprint("w-", m), Incarnation: 1, At: t0.Add(s), ExpiresAt: t0.Add(s + 3*time.Second)})
 		}

@@ -16,15 +16,19 @@ func Check(in Input) Verdict {
 		Withheld: c.ev.withheld, Fetches: c.ev.fetches,
 		ClaimEvents: len(in.Claims), Leases: len(in.Leases), Epochs: len(in.Epochs),
 		SinkWrites: len(in.Sink), Published: len(in.Published),
-		ClaimChecksNA: in.NoRegistry, P2NA: in.NoRegistry || len(in.Epochs) == 0,
+		Expected:      len(in.Expected),
+		ClaimChecksNA: in.NoRegistry, P2NA: in.NoRegistry,
+	}
+	c.checkHistories(&v)
+	if !in.NoRegistry {
+		c.clipToLeases()
 	}
 	c.checkOverlap(&v)
 	c.countPulls(&v)
 	if !v.ClaimChecksNA {
 		c.checkTokens(&v)
-	}
-	if !v.P2NA {
 		c.checkP2(&v)
+		c.checkP5(&v)
 	}
 	c.checkLost(&v)
 	c.checkSink(&v)
@@ -37,6 +41,32 @@ type checker struct {
 	in Input
 	ev *evidence
 	ex examples
+	t  *tokens // the claim and lease index, built on first use
+}
+
+// claimIndex returns the claim and lease index, building it once.
+func (c *checker) claimIndex() *tokens {
+	if c.t == nil {
+		c.t = indexTokens(c.in.Claims, c.in.Leases)
+	}
+	return c.t
+}
+
+// clipToLeases ends each delivery's window no later than its member's
+// lease (of the record's incarnation) stopped being live: a process whose
+// lease lapsed (paused, cut off) is no longer the unit's owner as far as
+// anyone else may act, and what it does after that is judged by the token
+// checks of its settles and sink writes. A window left open across a
+// release, with the lease live, stays open: a handler still working after
+// its member gave the unit up overlaps the next owner.
+func (c *checker) clipToLeases() {
+	t := c.claimIndex()
+	for i := range c.ev.deliveries {
+		d := &c.ev.deliveries[i]
+		if d.windowEnd > d.end {
+			d.windowEnd = max(d.end, t.leaseEnd(d.member, d.rec.Incarnation, d.start, d.windowEnd))
+		}
+	}
 }
 
 // countPulls counts units two processes were pulling at once: their fetch
@@ -76,17 +106,17 @@ func (c *checker) checkOverlap(v *Verdict) {
 // checkTokens is P1 validity: deliveries, settles and sink writes each
 // happen under a token valid at their instant.
 func (c *checker) checkTokens(v *Verdict) {
-	t := indexTokens(c.in.Claims, c.in.Leases)
+	t := c.claimIndex()
 	for i := range c.ev.deliveries {
 		d := &c.ev.deliveries[i].action
-		if why := t.invalid(d.rec.Unit, d.member, d.rec.Epoch, d.rec.Incarnation, d.start); why != "" {
+		if why := t.actionInvalid(d); why != "" {
 			v.StaleDeliveries++
 			c.ex.add(CheckStaleDeliveries, d.start, c.describe(d)+": "+why)
 		}
 	}
 	for i := range c.ev.settles {
 		a := &c.ev.settles[i]
-		if why := t.invalid(a.rec.Unit, a.member, a.rec.Epoch, a.rec.Incarnation, a.start); why != "" {
+		if why := t.actionInvalid(a); why != "" {
 			v.StaleAcks++
 			c.ex.add(CheckStaleAcks, a.start, c.describe(a)+": "+why)
 		}
@@ -105,11 +135,16 @@ func (c *checker) checkTokens(v *Verdict) {
 // deliveries only of units of an epoch activated by then, one active epoch
 // at a time.
 func (c *checker) checkP2(v *Verdict) {
-	e := indexEpochs(c.in.Epochs)
 	report := func(at int64, detail string) {
 		v.P2Violations++
 		c.ex.add(CheckP2, at, detail)
 	}
+	if len(c.in.Epochs) == 0 {
+		// No epochs, no verdict: P2 cannot pass on no evidence.
+		report(noInstant, "the evidence has no topology epoch: claims and deliveries cannot be judged against one")
+		return
+	}
+	e := indexEpochs(c.in.Epochs)
 	for i := range c.in.Claims {
 		cl := &c.in.Claims[i]
 		if cl.Op != OpClaim && cl.Op != OpAdopt {

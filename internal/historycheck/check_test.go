@@ -3,6 +3,7 @@ package historycheck
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
@@ -24,6 +25,8 @@ func handover() Input {
 		Epochs:    []EpochSpan{epoch(1, 1, 1, 0, 0)},
 		Sink:      []SinkWrite{write("r1", "0.0", "a", 1, 21), write("r2", "0.0", "b", 2, 51)},
 		Published: published("0.0", "r1", "r2"),
+		Expected:  []ExpectedProcess{{Member: "a", PID: 1}, {Member: "b", PID: 2}},
+		Grace:     5 * time.Millisecond,
 	}
 }
 
@@ -58,21 +61,26 @@ func TestCheck(t *testing.T) {
 			want:  zeroes(),
 		},
 		{
-			name:  "window ending at the instant the next one starts is not an overlap",
-			in:    with(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).ack("0.0", 1, "r1", 22, 50))),
+			name: "window ending at the instant the next one starts is not an overlap",
+			in: with(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).ack("0.0", 1, "r1", 22, 40)),
+				proc(1, newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 40).ack("0.0", 2, "r2", 52, 53))),
 			clean: true,
 			want:  map[string]string{CheckOverlaps: "0", CheckUnitsDoublePulled: "0"},
 		},
 		{
 			// a's claim check before acking passed (22 < release at 30), but
-			// its ack call returned only at 55: the windows show it.
+			// its ack call returned only at 55: the windows show it, and so
+			// does the ack's second instant (the unit was b's from 40).
 			name: "overlap: b delivers while a's ack is still in flight",
 			in:   with(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).ack("0.0", 1, "r1", 22, 55))),
 			want: map[string]string{
 				CheckOverlaps: "1", CheckUnitsDoublePulled: "1", CheckMaxDoublePulled: "1",
-				CheckStaleAcks: "0", CheckStaleDeliveries: "0",
+				CheckStaleAcks: "1", CheckStaleDeliveries: "0",
 			},
-			example: map[string][]string{CheckOverlaps: {"unit 0.0", "a-1-100 deliver", "b-2-200 deliver", "row r1", "row r2"}},
+			example: map[string][]string{
+				CheckOverlaps:  {"unit 0.0", "a-1-100 deliver", "b-2-200 deliver", "row r1", "row r2"},
+				CheckStaleAcks: {"took effect until", "claim was b's at epoch 2"},
+			},
 		},
 		{
 			// b's pull went out at 25, while a still held its row: a
@@ -276,6 +284,7 @@ func TestCheck(t *testing.T) {
 				},
 				Sink:      []SinkWrite{write("r1", "0.0", "a", 0, 21), write("r2", "0.0", "b", 0, 31)},
 				Published: published("0.0", "r1", "r2", "r3"),
+				Expected:  []ExpectedProcess{{Member: "a", PID: 1}, {Member: "b", PID: 2}},
 			},
 			want: map[string]string{
 				CheckOverlaps: "1", CheckUnitsDoublePulled: "1",
@@ -290,6 +299,7 @@ func TestCheck(t *testing.T) {
 				Processes:  []history.Process{newProc("a-1-100", "a", 0).deliver("0.0", 0, "r1", 20).ack("0.0", 0, "r1", 22, 40).done()},
 				Sink:       []SinkWrite{write("r1", "0.0", "a", 7, 21)},
 				Published:  published("0.0", "r1"),
+				Expected:   []ExpectedProcess{{Member: "a", PID: 1}},
 			},
 			clean: true,
 			want:  map[string]string{CheckUnrecorded: "0"},
@@ -347,7 +357,7 @@ func TestTableAndSideBySide(t *testing.T) {
 	clean := Check(handover())
 	overlap := Check(with(proc(0, newProc("a-1-100", "a", 1).deliver("0.0", 1, "r1", 20).ack("0.0", 1, "r1", 22, 55))))
 	table := overlap.Table()
-	for _, want := range []string{"evidence: 2 processes", "first violation: overlapping windows (P1): unit 0.0"} {
+	for _, want := range []string{"evidence: 2 processes of 2 expected", "first violation: stale acks (P1): a-1-100 ack unit 0.0"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("Table() lacks %q:\n%s", want, table)
 		}

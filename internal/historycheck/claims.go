@@ -90,3 +90,68 @@ func (t *tokens) leaseInvalid(member string, inc, x int64) string {
 	}
 	return ""
 }
+
+// movedAway says, for an action of token (unit, member, epoch) whose check
+// passed earlier and that took effect until x, whether the unit was
+// another token's before x: the claim holding just before x is held or
+// handed over by another owner or at another epoch. (An action ending at
+// the very instant the claim moves shares no instant with the new owner's,
+// as windows touching at an end do not overlap.) "" when it was not.
+func (t *tokens) movedAway(unit, member string, epoch, x int64) string {
+	list := t.claims[unit]
+	i := holding(len(list), func(i int) int64 { return list[i].at }, x-1)
+	if i < 0 {
+		return ""
+	}
+	c := list[i].ev
+	if (c.State == StateHeld || c.State == StateHandover) && (c.Owner != member || c.Epoch != epoch) {
+		return fmt.Sprintf("it took effect until %s, when the claim was %s's at epoch %d (%s since %s)",
+			fmtTime(x), c.Owner, c.Epoch, c.Op, fmtTime(list[i].at))
+	}
+	return ""
+}
+
+// actionInvalid judges a record by both its instants: its token must be
+// valid at Start (the check passed), and the unit must not have moved to
+// another token by its End (the action returned), when it names one.
+func (t *tokens) actionInvalid(a *action) string {
+	r := a.rec
+	if why := t.invalid(r.Unit, a.member, r.Epoch, r.Incarnation, a.start); why != "" {
+		return why
+	}
+	if a.end > a.start {
+		return t.movedAway(r.Unit, a.member, r.Epoch, a.end)
+	}
+	return ""
+}
+
+// leaseEnd is the first instant at or after x at which member's lease of
+// incarnation inc (of any incarnation when inc is 0) was no longer live,
+// or limit when it was live until then: renewals before an expiry carry
+// the lease on; a lapse, a leave or another incarnation's join ends it.
+func (t *tokens) leaseEnd(member string, inc, x, limit int64) int64 {
+	list := t.leases[member]
+	i := holding(len(list), func(i int) int64 { return list[i].at }, x)
+	if i < 0 {
+		return x
+	}
+	valid := func(l leaseAt) bool { return !l.ev.Left && (inc == 0 || l.ev.Incarnation == inc) }
+	if !valid(list[i]) {
+		return x
+	}
+	until := list[i].expires
+	for j := i + 1; j < len(list); j++ {
+		for j+1 < len(list) && list[j+1].at == list[j].at {
+			j++ // of events at one instant, the last holds
+		}
+		next := list[j]
+		if next.at >= limit || next.at > until {
+			break // past the window, or lapsed before anything renewed it
+		}
+		if !valid(next) || (inc == 0 && next.ev.Incarnation != list[i].ev.Incarnation) {
+			return max(x, next.at)
+		}
+		until = next.expires
+	}
+	return max(x, min(until, limit))
+}

@@ -1,10 +1,11 @@
-// Package historycheck decides promises P1 (one owner), P2 (one unit set)
-// and P3 (nothing lost) of docs/design.md, and the completeness and
-// duplicates of a run, from evidence: the workers' delivery histories
-// (pkg/history), the registry's append-only claim and lease history, the
-// topology epochs' active intervals, and every write the sink took. It
-// never asks a worker what it holds (design.md section 9, "Evidence, not
-// self-report").
+// Package historycheck decides promises P1 (one owner), P2 (one unit set),
+// P3 (nothing lost) and P5 (fenced takeover) of docs/design.md, and the
+// completeness and duplicates of a run, from evidence: the workers'
+// delivery histories (pkg/history), the list of processes the harness
+// started, the registry's append-only claim and lease (and fence) history,
+// the topology epochs' active intervals and the grace, and every write the
+// sink took. It never asks a worker what it holds (design.md section 9,
+// "Evidence, not self-report").
 //
 // It does not collect the evidence. Its input types are its own; adapters
 // that read the registry or the sink into them live with the test harness,
@@ -33,22 +34,32 @@
 // its successor's claim.
 //
 // Records. A record without a Member is taken to be its process's (the
-// member of the file's clock record).
+// member of the file's clock record). A record's Start is the instant its
+// claim check passed; its End, when it has one after Start, the instant
+// its action returned (a settle call, a handler hand-off).
 //
 // Delivery window. A delivery runs from the pull that brought its row (the
 // deliver record's Fetch; its Start when there is none) to the End (or
-// Start, when End is 0) of the ack, nak or term record that settled it
-// ("fetch to settle": a process waiting on a pull of a unit is pulling it):
-// the first such record that follows it in the same process with the same
-// unit, epoch and row id, preferring the open delivery with the same
-// NumDelivered when the settle record names one, else the oldest open one.
-// An abandon or withheld record that follows a delivery the same way closes
-// it unsettled. A delivery never settled (withheld, abandoned, or the
-// process died) has only its start instant, a zero-length window: it took no
-// action on NATS after its start, and its sink write, if any, is judged by
-// the stale-write check. An ack, nak or term that follows no delivery of its
-// row is an action on the unit all the same: it gets the window
-// [Start, End] of its own record.
+// Start, when End is 0) of the record that closed it ("fetch to settle": a
+// process waiting on a pull of a unit is pulling it): the first ack, nak,
+// term, abandon or withheld record that follows it in the same process
+// with the same unit, epoch and row id, preferring the open delivery with
+// the same NumDelivered when the closing record names one, else the oldest
+// open one. A delivery nothing closed runs to its process's end, the
+// latest instant of any record of that process after its clock record: its
+// handler may have been working until then. With a registry, a window
+// ends no later than its member's lease of the record's incarnation
+// stopped being live (the first instant from its start at which the lease
+// event holding is of another incarnation, a leave, or expired; of any
+// incarnation, the one holding at the start, when the record names none):
+// a process whose lease lapsed (paused inside its handler, cut off) is no
+// longer the owner anyone else waits for, and what it does afterwards is
+// judged by the token checks of its settles and sink writes. A window left
+// open across a release while the lease is live stays open: a handler
+// still working after its member gave the unit up overlaps the next
+// owner. An ack, nak or term that follows no delivery of its row is an
+// action on the unit all the same: it gets the window [Start, End] of its
+// own record.
 //
 // Pulled by two. A fetch record is a window of its process pulling its
 // unit, rows or not. Units whose fetch windows of two processes overlap
@@ -70,8 +81,12 @@
 // P1 deliveries, acks and writes. A deliver record's Start, an ack, nak or
 // term record's Start (the claim check before settling) and a SinkWrite's
 // At must each be an instant at which the token (Unit, Member, Epoch) it
-// carries is valid. Failures are "deliveries outside claim", "stale acks"
-// and "stale writes".
+// carries is valid. A deliver, ack, nak or term record with an End after
+// its Start is judged at both instants: at End the unit must not have
+// become another token's (the claim holding just before End is not held
+// or handed over by another owner or at another epoch), so a check passed
+// before a pause and acted on after the takeover fails. Failures are
+// "deliveries outside claim", "stale acks" and "stale writes".
 //
 // P2. (a) A claim event with Op "claim" or "adopt" must have At inside an
 // active interval [ActivatedAt, RetiredAt) of its Under epoch (a zero
@@ -83,13 +98,45 @@
 // an earlier one the unit is leaving (drained under its own claim). A unit
 // of a not-yet-active epoch is a violation. (c) No two epochs' active
 // intervals intersect: the design has exactly one active epoch at a time.
-// P2 needs Epochs: without any it is reported n/a, like with NoRegistry.
+// P2 needs Epochs: without any it fails (no evidence, no verdict); it is
+// n/a only with NoRegistry.
+//
+// P5. Judged from the registry's own history, per unit, each claim event
+// against the one before it; Input.Grace is the grace (zero fails P5, as
+// no verdict). Every event that gives the unit to a member (Op "claim",
+// "adopt", "rehome" or "settle", State "held") needs that member's lease
+// on record at its At, and, but for a "rehome" (a confirmation moves a
+// member's own units onto its new incarnation whatever its fence), not
+// Fenced. An "adopt" also needs the adopter's
+// FenceLiftedAt, if any, at least the grace before it, and, when the
+// previous event held the unit for another member, that member's lease
+// event holding at At (of any incarnation: a rejoined member protects its
+// units) to be Left or to expire at least the grace before At. A "rehome"
+// (from an earlier incarnation of the same member) needs the last lease
+// event of the previous holder's incarnation at or before At to be Left or
+// to expire at least the grace before At: that incarnation may still be
+// delivering until then. Any other event that gives a unit held (not
+// handed over) by another member or incarnation to someone needs that
+// holder's lease over (Left, or expired by At): two valid claims on one
+// unit at one instant fail. A holder without a lease on record fails.
 //
 // P3. Every row id of Published appears in Sink; otherwise it is lost.
 //
+// Histories. Every ExpectedProcess (each process the harness started, each
+// incarnation of a pod) must have a history: one of its Member (from the
+// clock record) whose file name "<member>-<pid>-<mono>" carries its PID
+// (any unclaimed one of the Member when PID is 0, matched after those with
+// a PID). A history that ended in a partial record (Truncated) passes only
+// for an Abrupt process (killed, or running when the evidence was read): a
+// SIGKILL may cost one partial record, nothing more. A history of no
+// listed process fails too (the list would not be the whole run), and so
+// does a nil Expected: no list, no verdict. Reported as "histories missing
+// or cut".
+//
 // Completeness. Every SinkWrite matches a deliver record with the same
-// RowID, Member and Epoch, of any process; an unmatched write is
-// "unrecorded", a delivery that escaped the history, and fails the run.
+// RowID, Member and Epoch, of any process, that started at or before the
+// write; an unmatched write is "unrecorded", a delivery that escaped the
+// history, and fails the run.
 //
 // Duplicates. A row id written to the sink n > 1 times has n-1 duplicates:
 // each write after the first, taken in At order, against the write just
@@ -108,8 +155,8 @@
 // Otherwise it is unexplained, and fails the run.
 //
 // NoRegistry. A baseline without claims (the independent strategy): P1
-// overlap, P3, completeness (matching RowID and Member only) and duplicates
-// are computed as above; claim validity and P2 are n/a.
+// overlap, P3, histories, completeness (matching RowID and Member only) and
+// duplicates are computed as above; claim validity, P2 and P5 are n/a.
 //
 // # Cost
 //

@@ -20,9 +20,10 @@ type delivery struct {
 	settle *action // the record that closed it; nil if none did
 	acked  bool
 	// windowStart and windowEnd bound its window: from the pull that
-	// brought the row (its start when the record names no pull) to the
-	// settle's end when it was settled on NATS (ack, nak, term); a
-	// delivery never settled has only its start instant.
+	// brought the row (its start when the record names no pull) to the end
+	// of the record that closed it (ack, nak, term, abandon or withheld),
+	// or, when nothing did, to its process's last record: a handler may
+	// still have been working until then.
 	windowStart, windowEnd int64
 }
 
@@ -69,6 +70,8 @@ func (ev *evidence) addProcess(procs []history.Process, pi int) {
 	if len(p.Records) > 0 && p.Records[0].Kind == history.KindClock {
 		member = p.Records[0].Member
 	}
+	first := len(ev.deliveries)
+	last := int64(0) // the process's last instant on record, wall ns
 	open := map[openKey][]int{}
 	for ri := range p.Records {
 		r := &p.Records[ri]
@@ -76,25 +79,30 @@ func (ev *evidence) addProcess(procs []history.Process, pi int) {
 		if a.member == "" {
 			a.member = member
 		}
+		if r.Kind != history.KindClock {
+			last = max(last, a.end)
+		}
 		key := openKey{r.Unit, r.Epoch, r.RowID}
 		switch r.Kind {
 		case history.KindDeliver:
 			open[key] = append(open[key], len(ev.deliveries))
-			ev.deliveries = append(ev.deliveries, delivery{action: a, windowStart: a.start, windowEnd: a.start})
+			d := delivery{action: a, windowStart: a.start, windowEnd: -1}
+			if f := r.Fetch; f != 0 {
+				d.windowStart = min(f+p.MonoToWall, a.start)
+			}
+			ev.deliveries = append(ev.deliveries, d)
 		case history.KindAck, history.KindNak, history.KindTerm:
 			ev.settles = append(ev.settles, a)
 			if di, ok := takeOpen(open, key, r.NumDelivered, ev.deliveries); ok {
 				d := &ev.deliveries[di]
-				d.settle, d.acked, d.windowEnd = &a, r.Kind == history.KindAck, max(a.end, d.start)
-				if f := d.rec.Fetch; f != 0 {
-					d.windowStart = min(f+p.MonoToWall, d.start)
-				}
+				d.settle, d.acked, d.windowEnd = &a, r.Kind == history.KindAck, max(a.end, d.end)
 			} else {
 				ev.orphans = append(ev.orphans, a)
 			}
 		case history.KindAbandon, history.KindWithheld:
 			if di, ok := takeOpen(open, key, r.NumDelivered, ev.deliveries); ok {
-				ev.deliveries[di].settle = &a
+				d := &ev.deliveries[di]
+				d.settle, d.windowEnd = &a, max(a.end, d.end)
 			} else if r.Kind == history.KindWithheld {
 				ev.withheld++
 			}
@@ -103,6 +111,13 @@ func (ev *evidence) addProcess(procs []history.Process, pi int) {
 		case history.KindFetch:
 			ev.fetches++
 			ev.pulls = append(ev.pulls, a)
+		}
+	}
+	// A delivery nothing closed ran until the process's last record: its
+	// handler may have been working (or the process paused) until then.
+	for di := first; di < len(ev.deliveries); di++ {
+		if d := &ev.deliveries[di]; d.windowEnd < 0 {
+			d.windowEnd = max(last, d.end)
 		}
 	}
 }

@@ -17,6 +17,7 @@ func ExampleSideBySide() {
 		},
 		Sink:      []SinkWrite{write("r1", "0.0", "a", 0, 21), write("r1", "0.0", "b", 0, 31)},
 		Published: published("0.0", "r1"),
+		Expected:  []ExpectedProcess{{Member: "a", PID: 1}, {Member: "b", PID: 2}},
 	})
 	fmt.Print(SideBySide([]string{"sequenced", "independent"}, sequenced, independent))
 	// Output:
@@ -28,7 +29,9 @@ func ExampleSideBySide() {
 	// stale acks (P1)                                   0 OK          n/a
 	// stale writes (P1)                                 0 OK          n/a
 	// P2 violations                                     0 OK          n/a
+	// P5 violations (takeover)                          0 OK          n/a
 	// rows lost (P3)                                    0 OK          0 OK
+	// histories missing or cut                          0 OK          0 OK
 	// unrecorded writes                                 0 OK          0 OK
 	// duplicates explained (takeover/reset/redelivery)  0 (0/0/0) OK  1 (0/0/1) OK
 	// duplicates unexplained                            0 OK          0 OK

@@ -36,13 +36,33 @@ const (
 	OpAdopt = "adopt"
 )
 
-// LeaseEvent is one join, renewal or leave of a member's lease.
+// LeaseEvent is one join, renewal or leave of a member's lease, or a
+// change of its fence: the member's lease and fence from At on.
 type LeaseEvent struct {
 	Member      string
 	Incarnation int64
 	At          time.Time
 	ExpiresAt   time.Time
 	Left        bool
+	// Fenced says the member's fence was up; FenceLiftedAt is when it last
+	// lifted (zero if never), on the same wall clock as At. P5 judges
+	// adoptions by them.
+	Fenced        bool
+	FenceLiftedAt time.Time
+}
+
+// ExpectedProcess is one process the harness started (each incarnation of
+// a pod is one), whose history must be in Input.Processes.
+type ExpectedProcess struct {
+	Member string
+	// PID is the process's id as its history file names it
+	// ("<member>-<pid>-<mono>"); 0 when the harness cannot know it (a
+	// container's own pid namespace): then any history of Member not
+	// claimed by another expected process matches.
+	PID int
+	// Abrupt says the process was killed (or still running when the
+	// evidence was read), so its history may end in one partial record.
+	Abrupt bool
 }
 
 // EpochSpan is one topology epoch's shape and active interval.
@@ -63,6 +83,13 @@ type SinkWrite struct {
 // Input is all the evidence of one run.
 type Input struct {
 	Processes []history.Process
+	// Expected lists every process the harness started. Each must have a
+	// history in Processes, complete but for one partial last record of an
+	// Abrupt process; nil means the harness listed none, and fails.
+	Expected []ExpectedProcess
+	// Grace is the topology's adoption grace (poolctl.Params.Grace): P5's
+	// "lease expiry plus the grace". Zero fails P5: no grace, no verdict.
+	Grace     time.Duration
 	Claims    []ClaimEvent
 	Leases    []LeaseEvent
 	Epochs    []EpochSpan

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
 
 // acked is a delivery of a generated history whose window has room inside
@@ -19,18 +22,21 @@ type acked struct {
 // genHistory draws a clean history: units of one epoch, each owned by a
 // sequence of members (random handovers, each at the next fencing epoch).
 // An owner delivers rows, sometimes concurrently, writes them to the sink
-// and acks them before it releases; sometimes it leaves a row unacked (it
-// died, or its claim check failed), and the next owner gets that row again
-// (NATS delivery 2): a duplicate explained by the takeover.
+// and acks them before it releases; sometimes it leaves a row unsettled (its
+// claim check failed: withheld, or its sink refused: abandoned), and the
+// next owner gets that row again (NATS delivery 2): a duplicate explained
+// by the takeover, or by the delivery count when the next owner is the same
+// member again.
 func genHistory(t *rapid.T) (Input, []*procBuilder, []acked) {
 	nMembers := rapid.IntRange(2, 4).Draw(t, "members")
 	nUnits := rapid.IntRange(1, 3).Draw(t, "units")
 	procs := make([]*procBuilder, nMembers)
-	in := Input{Epochs: []EpochSpan{epoch(1, 1, nUnits, 0, 0)}, Published: map[string]string{}}
+	in := Input{Epochs: []EpochSpan{epoch(1, 1, nUnits, 0, 0)}, Published: map[string]string{}, Grace: time.Millisecond}
 	for m := range procs {
 		name := fmt.Sprintf("m%d", m)
 		procs[m] = newProc(fmt.Sprintf("%s-%d-1", name, 100+m), name, 1)
 		in.Leases = append(in.Leases, lease(name, 1, 0, 1_000_000))
+		in.Expected = append(in.Expected, ExpectedProcess{Member: name, PID: 100 + m})
 	}
 	var windows []acked
 	for s := range nUnits {
@@ -56,7 +62,8 @@ func genHistory(t *rapid.T) (Input, []*procBuilder, []acked) {
 				}
 				if unacked {
 					carry = append(carry, id)
-					end = max(end, start)
+					p.add(rapid.SampledFrom([]history.Kind{history.KindWithheld, history.KindAbandon}).Draw(t, "unsettled"), unit, ep, id, start+1, 0)
+					end = max(end, start+1)
 					return
 				}
 				settled := start + rapid.IntRange(2, 8).Draw(t, "took")

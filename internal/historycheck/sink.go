@@ -23,7 +23,7 @@ func (c *checker) checkSink(v *Verdict) {
 		w := &c.in.Sink[i]
 		if c.deliveryOf(byKey, w) == nil {
 			v.Unrecorded++
-			c.ex.add(CheckUnrecorded, w.At.UnixNano(), describeWrite(w)+": no delivery of the row by that member at that epoch is on record")
+			c.ex.add(CheckUnrecorded, w.At.UnixNano(), describeWrite(w)+": no delivery of the row by that member at that epoch is on record at or before it")
 		}
 		if j, ok := first[w.RowID]; !ok {
 			first[w.RowID] = i
@@ -70,15 +70,16 @@ func (c *checker) key(row, member string, epoch int64) deliveryKey {
 
 // deliveryOf is the delivery that made write w: of the deliveries of its
 // row by its member at its epoch, the latest that started at or before the
-// write, else the first; nil when none is on record.
+// write; nil when none is on record (a write before any delivery of its
+// row escaped the history as surely as one with no delivery at all).
 func (c *checker) deliveryOf(byKey map[deliveryKey][]*delivery, w *SinkWrite) *delivery {
 	list := byKey[c.key(w.RowID, w.Member, w.Epoch)]
-	if len(list) == 0 {
-		return nil
-	}
 	at := w.At.UnixNano()
 	i := sort.Search(len(list), func(i int) bool { return list[i].start > at }) - 1
-	return list[max(i, 0)]
+	if i < 0 {
+		return nil
+	}
+	return list[i]
 }
 
 // judgeDuplicate classifies write later, a repeat of write earlier.
@@ -86,7 +87,7 @@ func (c *checker) judgeDuplicate(v *Verdict, byKey map[deliveryKey][]*delivery, 
 	v.Duplicates++
 	dE, dL := c.deliveryOf(byKey, earlier), c.deliveryOf(byKey, later)
 	switch {
-	case dE != nil && !dE.acked:
+	case dE != nil && !dE.acked && c.tookOver(dE, dL):
 		v.DupTakeover++
 	case c.resetBetween(later.Unit, instantOf(dE, earlier), instantOf(dL, later)):
 		v.DupReset++
@@ -94,9 +95,34 @@ func (c *checker) judgeDuplicate(v *Verdict, byKey map[deliveryKey][]*delivery, 
 		v.DupRedelivery++
 	default:
 		v.DupUnexplained++
-		c.ex.add(CheckDupUnexplained, later.At.UnixNano(), fmt.Sprintf("%s repeats %s (%s): the earlier delivery was acked, no reset of the unit came between, and NATS counted the later one as delivery %s",
+		c.ex.add(CheckDupUnexplained, later.At.UnixNano(), fmt.Sprintf("%s repeats %s (%s): no takeover (the earlier delivery acked, or no change of owner or incarnation came between), no reset of the unit came between, and NATS counted the later one as delivery %s",
 			describeWrite(later), describeWrite(earlier), c.describeDelivery(dE), c.deliveryCount(dL)))
 	}
+}
+
+// tookOver says whether the unit changed hands between delivery dE and
+// the later delivery dL of its row: they are of different members or
+// incarnations (or processes), or the claim history shows another owner or
+// incarnation holding the unit in between. A process that naks its own
+// write and writes the row again has taken nothing over.
+func (c *checker) tookOver(dE, dL *delivery) bool {
+	if dL == nil {
+		return false
+	}
+	if dE.member != dL.member || dE.rec.Incarnation != dL.rec.Incarnation || dE.proc != dL.proc {
+		return true
+	}
+	if c.in.NoRegistry {
+		return false
+	}
+	list := c.claimIndex().claims[dE.rec.Unit]
+	from := holding(len(list), func(i int) int64 { return list[i].at }, dE.start)
+	for i := max(from, 0); i < len(list) && list[i].at <= dL.start; i++ {
+		if e := list[i].ev; e.Owner != "" && (e.Owner != dE.member || e.Incarnation != dE.rec.Incarnation) {
+			return true
+		}
+	}
+	return false
 }
 
 // instantOf is the delivery's start, or the write's instant when the

@@ -18,6 +18,8 @@ const (
 	CheckStaleAcks         = "stale acks (P1)"
 	CheckStaleWrites       = "stale writes (P1)"
 	CheckP2                = "P2 violations"
+	CheckP5                = "P5 violations (takeover)"
+	CheckHistories         = "histories missing or cut"
 	CheckLost              = "rows lost (P3)"
 	CheckUnrecorded        = "unrecorded writes"
 	CheckDupExplained      = "duplicates explained (takeover/reset/redelivery)"
@@ -30,7 +32,7 @@ func CheckNames() []string {
 	return []string{
 		CheckOverlaps, CheckUnitsDoublePulled, CheckMaxDoublePulled,
 		CheckStaleDeliveries, CheckStaleAcks, CheckStaleWrites,
-		CheckP2, CheckLost, CheckUnrecorded,
+		CheckP2, CheckP5, CheckLost, CheckHistories, CheckUnrecorded,
 		CheckDupExplained, CheckDupUnexplained, CheckPulledByTwo,
 	}
 }
@@ -62,6 +64,7 @@ type Verdict struct {
 	// The evidence's size, so a reader can tell a clean verdict from an
 	// empty one.
 	Processes   int
+	Expected    int // processes the harness started
 	Truncated   int // history files that ended mid-record
 	Deliveries  int
 	Settles     int // ack, nak and term records
@@ -75,7 +78,8 @@ type Verdict struct {
 	Published   int
 
 	// ClaimChecksNA: no registry, so deliveries, acks and writes are not
-	// judged against claims. P2NA: no registry or no epochs.
+	// judged against claims, nor P5. P2NA: no registry (without epochs P2
+	// fails: no evidence, no verdict).
 	ClaimChecksNA, P2NA bool
 
 	OverlappingWindows int64 // pairs of windows
@@ -85,9 +89,17 @@ type Verdict struct {
 	StaleAcks          int
 	StaleWrites        int
 	P2Violations       int
+	P5Violations       int
 	Lost               int
 	LostIDs            []string // the first few, sorted
 	Unrecorded         int
+
+	// HistoryProblems counts the failures of CheckHistories: missing
+	// histories, cut ones, ones of no listed process, or no list at all.
+	HistoryProblems   int
+	MissingHistories  int
+	CutHistories      int // truncated, of a process that was not killed
+	UnlistedHistories int
 
 	// UnitsPulledByTwo counts units whose fetch windows of two processes
 	// overlap (information, not a check; see countPulls).
@@ -134,7 +146,9 @@ func (v Verdict) Lines() []Line {
 		countLine(CheckStaleAcks, v.StaleAcks, v.ClaimChecksNA),
 		countLine(CheckStaleWrites, v.StaleWrites, v.ClaimChecksNA),
 		countLine(CheckP2, v.P2Violations, v.P2NA),
+		countLine(CheckP5, v.P5Violations, v.ClaimChecksNA),
 		countLine(CheckLost, v.Lost, false),
+		countLine(CheckHistories, v.HistoryProblems, false),
 		countLine(CheckUnrecorded, v.Unrecorded, false),
 		// Explained duplicates are at-least-once delivery working as
 		// designed: counted, never a failure.
@@ -184,8 +198,8 @@ func (v Verdict) Table() string {
 }
 
 func (v Verdict) evidence() string {
-	return fmt.Sprintf("%d processes (%d truncated), %d deliveries, %d settles (%d lone), %d withheld, %d fetches, %d claim events, %d lease events, %d epochs, %d sink writes, %d published",
-		v.Processes, v.Truncated, v.Deliveries, v.Settles, v.LoneSettles, v.Withheld, v.Fetches, v.ClaimEvents, v.Leases, v.Epochs, v.SinkWrites, v.Published)
+	return fmt.Sprintf("%d processes of %d expected (%d truncated), %d deliveries, %d settles (%d lone), %d withheld, %d fetches, %d claim events, %d lease events, %d epochs, %d sink writes, %d published",
+		v.Processes, v.Expected, v.Truncated, v.Deliveries, v.Settles, v.LoneSettles, v.Withheld, v.Fetches, v.ClaimEvents, v.Leases, v.Epochs, v.SinkWrites, v.Published)
 }
 
 // SideBySide renders verdicts as columns under titles (e.g. "sequenced",

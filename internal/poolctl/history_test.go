@@ -163,3 +163,38 @@ func TestPruneHistoryDeletesOnlyOlderEvents(t *testing.T) {
 		}
 	})
 }
+
+// The lease history records every fence and unfence with when the fence
+// last lifted, on the wall clock, so the history checker can judge P5's
+// "never adopts while fenced nor within the grace after its fence lifts"
+// from the registry's own history. A no-op Fence (an older generation)
+// records nothing. checks P5
+func TestLeaseHistoryRecordsFencesAndTheirLift(t *testing.T) {
+	forBackends(t, func(t *testing.T, r testRegistry) {
+		ctx := context.Background()
+		h := r.(HistoryReader)
+		topo := newTopology(t, r, testParams, 1, 4)
+		a, err := r.Join(ctx, topo, "a")
+		must(t, err)
+		must(t, r.ShiftClock(ctx, topo, time.Hour)) // the lift must not carry the test offset
+		must(t, r.Fence(ctx, a.MemberRef, 2))
+		must(t, r.Fence(ctx, a.MemberRef, 1)) // older generation: no-op
+		must(t, r.Unfence(ctx, a.MemberRef, 2))
+		leases, err := h.LeaseHistory(ctx, topo)
+		must(t, err)
+		if len(leases) != 3 {
+			t.Fatalf("lease history %+v, want join, fence, unfence", leases)
+		}
+		join, fence, unfence := leases[0], leases[1], leases[2]
+		switch {
+		case join.Fenced || !join.FenceLiftedAt.IsZero():
+			t.Fatalf("join %+v: fenced or lifted", join)
+		// The shift moved the registry clock an hour on: on the wall
+		// clock the unchanged expiry lies an hour earlier.
+		case !fence.Fenced || !fence.FenceLiftedAt.IsZero() || !fence.ExpiresAt.Equal(join.ExpiresAt.Add(-time.Hour)):
+			t.Fatalf("fence %+v after join %+v", fence, join)
+		case unfence.Fenced || unfence.FenceLiftedAt.Before(fence.At) || unfence.FenceLiftedAt.After(unfence.At.Add(time.Second)):
+			t.Fatalf("unfence %+v after fence %+v: want the lift between them on the wall clock", unfence, fence)
+		}
+	})
+}

@@ -32,17 +32,24 @@ func (p *PG) ClaimHistory(ctx context.Context, topology string) ([]ClaimEvent, e
 	return out, nil
 }
 
-// LeaseHistory implements HistoryReader: every join, renewal and leave.
+// LeaseHistory implements HistoryReader: every join, renewal, leave and
+// fence change.
 func (p *PG) LeaseHistory(ctx context.Context, topology string) ([]LeaseEvent, error) {
 	rows, err := p.pool.Query(ctx, `
-		SELECT member, incarnation, at, expires_at, "left"
+		SELECT member, incarnation, at, expires_at, "left", fenced, fence_lifted_at
 		  FROM shardkeeper.lease_history WHERE topology = $1 ORDER BY id`, topology)
 	if err != nil {
 		return nil, fmt.Errorf("lease history of %s: %w", topology, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseEvent, error) {
-		var e LeaseEvent
-		err := r.Scan(&e.Member, &e.Incarnation, &e.At, &e.ExpiresAt, &e.Left)
+		var (
+			e      LeaseEvent
+			lifted *time.Time
+		)
+		err := r.Scan(&e.Member, &e.Incarnation, &e.At, &e.ExpiresAt, &e.Left, &e.Fenced, &lifted)
+		if lifted != nil {
+			e.FenceLiftedAt = *lifted
+		}
 		return e, err
 	})
 	if err != nil {

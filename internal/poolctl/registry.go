@@ -523,13 +523,19 @@ type ClaimEvent struct {
 	At time.Time
 }
 
-// LeaseEvent is one lease grant (join or renewal) or a leave.
+// LeaseEvent is one lease grant (join or renewal), a leave, or a change
+// of the member's fence: the member row's lease and fence from At on.
 type LeaseEvent struct {
 	Member      string
 	Incarnation int64
 	At          time.Time
 	ExpiresAt   time.Time
 	Left        bool
+	// Fenced and FenceLiftedAt (zero if never) are the member's fence, so
+	// a reader can judge P5's "never adopts while fenced nor within the
+	// grace after its fence lifts".
+	Fenced        bool
+	FenceLiftedAt time.Time
 }
 
 // EpochSpan is a topology epoch and when it was active.

@@ -8,8 +8,8 @@ import (
 // The twin records the same history as PG's triggers, on its clock
 // without the test offset, and under the same conditions: a claim event
 // when a row is new or its owner, incarnation, epoch or state changed; a
-// lease event when a member row is new or its incarnation, lease expiry or
-// departure changed.
+// lease event when a member row is new or its incarnation, lease expiry,
+// departure, fence or fence lift changed.
 
 type twinHistory struct {
 	claims []ClaimEvent
@@ -34,11 +34,16 @@ func (t *Twin) setMember(tp *twinTopology, row *memberRow) {
 	prev := tp.members[row.Name]
 	tp.members[row.Name] = row
 	if prev != nil && prev.Incarnation == row.Incarnation && prev.LeaseExpiresAt.Equal(row.LeaseExpiresAt) &&
-		prev.Left == row.Left {
+		prev.Left == row.Left && prev.Fenced == row.Fenced && prev.FenceLiftedAt.Equal(row.FenceLiftedAt) {
 		return
 	}
+	var lifted time.Time
+	if !row.FenceLiftedAt.IsZero() {
+		lifted = row.FenceLiftedAt.Add(-tp.offset)
+	}
 	tp.history.leases = append(tp.history.leases, LeaseEvent{Member: row.Name, Incarnation: row.Incarnation,
-		At: t.wall(), ExpiresAt: row.LeaseExpiresAt.Add(-tp.offset), Left: row.Left})
+		At: t.wall(), ExpiresAt: row.LeaseExpiresAt.Add(-tp.offset), Left: row.Left,
+		Fenced: row.Fenced, FenceLiftedAt: lifted})
 }
 
 // ClaimHistory implements HistoryReader.

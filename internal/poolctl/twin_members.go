@@ -113,7 +113,9 @@ func (t *Twin) Fence(_ context.Context, m MemberRef, gen int64) error {
 	if err := checkIncarnation(m, row); err != nil {
 		return fmt.Errorf("fence: %w", err)
 	}
-	applyFence(row, gen)
+	next := *row
+	applyFence(&next, gen)
+	t.setMember(tp, &next)
 	return nil
 }
 
@@ -130,6 +132,8 @@ func (t *Twin) Unfence(_ context.Context, m MemberRef, gen int64) error {
 	if err := checkIncarnation(m, row); err != nil {
 		return fmt.Errorf("unfence: %w", err)
 	}
-	applyUnfence(row, gen, t.now(tp))
+	next := *row
+	applyUnfence(&next, gen, t.now(tp))
+	t.setMember(tp, &next)
 	return nil
 }

@@ -12,9 +12,10 @@
 // nats-server and postgres processes, and the proxy refusing and cutting
 // connections. Each scenario runs under live traffic and ends with the
 // history checker's verdict (package internal/historycheck), judged from
-// what the workers recorded doing, the registry's claim history and every
-// sink write, plus the scenario's own assertions, and prints one line of a
-// summary table.
+// what every process the kubelet started recorded doing, the registry's
+// claim, lease and fence history and every sink write, plus the
+// scenario's own assertions and a check that its fault took effect, and
+// prints one line of a summary table.
 //
 // By default the scenarios marked for CI run (the subset `make test`
 // affords); SHARDKEEPER_CHAOS=all (what `make chaos` sets) runs every

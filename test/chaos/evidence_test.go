@@ -93,6 +93,55 @@ func actionsAfter(procs []history.Process, member string, inc int64, from time.T
 	return out
 }
 
+// firstRecordAfter is the wall time of the first record the process pid of
+// member wrote after from: when a paused process really ran again.
+func firstRecordAfter(procs []history.Process, member string, pid int, from time.Time) (time.Time, bool) {
+	for _, p := range procs {
+		if len(p.Records) == 0 || p.Records[0].Member != member || pidOf(p.Name) != pid {
+			continue
+		}
+		for _, r := range p.Records[1:] {
+			if at := p.WallTime(r.Start); at.After(from) {
+				return at, true
+			}
+		}
+	}
+	return time.Time{}, false
+}
+
+// pidOf is the pid in a history file's name, "<member>-<pid>-<mono>".
+func pidOf(name string) int {
+	parts := strings.Split(name, "-")
+	if len(parts) < 3 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(parts[len(parts)-2])
+	return pid
+}
+
+// takenOver lists the units of held that the claim history gives to
+// another member, or to another incarnation of member than inc, between
+// from and to.
+func takenOver(events []poolctl.ClaimEvent, held []string, member string, inc int64, from, to time.Time) []string {
+	want := map[string]bool{}
+	for _, u := range held {
+		want[u] = true
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range events {
+		if !want[e.Unit] || seen[e.Unit] || e.At.Before(from) || e.At.After(to) || e.Owner == "" || e.State == poolctl.StateFree {
+			continue
+		}
+		if e.Owner != member || e.Incarnation != inc {
+			seen[e.Unit] = true
+			out = append(out, e.Unit)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // inFlight lists the rows member's incarnation inc delivered and never
 // settled: what it held in its handler when it died.
 func inFlight(procs []history.Process, member string, inc int64) map[string]time.Time {
@@ -109,6 +158,19 @@ func inFlight(procs []history.Process, member string, inc int64) map[string]time
 		}
 	}
 	return delivered
+}
+
+// inFlightOf counts the rows of rows (from inFlight) that were delivered
+// from unit.
+func inFlightOf(rows map[string]time.Time, procs []history.Process, unit string) int {
+	n := 0
+	for _, a := range acts(procs, history.KindDeliver) {
+		if _, ok := rows[a.rec.RowID]; ok && a.rec.Unit == unit {
+			n++
+			delete(rows, a.rec.RowID)
+		}
+	}
+	return n
 }
 
 // redelivered is, for each row, the first delivery after from by another
@@ -293,6 +355,9 @@ func (s *scene) expectNoPodDeletedHolding() {
 	s.t.Helper()
 	events := s.claimHistory()
 	dels := s.podDeletions()
+	if len(dels) == 0 {
+		s.t.Errorf("the operator deleted no pod: the roll under test never reached a deletion, so the check tested nothing")
+	}
 	for _, d := range dels {
 		if held := heldAt(events, d.ObjectRef.Name, d.Received); len(held) > 0 {
 			s.t.Errorf("the operator deleted pod %s at %s while its member held %v", d.ObjectRef.Name, d.Received.Format(time.RFC3339Nano), held)

@@ -1,8 +1,10 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"syscall"
 	"time"
@@ -222,20 +224,69 @@ func (s *scene) signalPod(pod string, sig syscall.Signal) {
 	s.t.Logf("sent %s to %s", unix.SignalName(sig), pod)
 }
 
+// pause is one SIGSTOP of a worker process: its pid, when it was seen
+// stopped (after that instant it records nothing until it runs again) and
+// when the test sent SIGCONT.
+type pause struct {
+	pid               int
+	stoppedAt, contAt time.Time
+}
+
 // pauseFor SIGSTOPs pod's worker for d (the fault's length), then
 // SIGCONTs it, unless the kubelet already stopped it (it resumes a paused
-// process before its SIGTERM). It returns when the worker was resumed.
-// A slow sink is taken off the pod at once: the process is paused, and a
-// replacement must not be slow.
-func (s *scene) pauseFor(pod string, d time.Duration) time.Time {
+// process before its SIGTERM). It returns once the worker was sent
+// SIGCONT. A slow sink is taken off the pod at once: the process is
+// paused, and a replacement must not be slow. held is called while the
+// process is seen stopped, to read what it held at the fault.
+func (s *scene) pauseFor(pod string, d time.Duration, held func()) pause {
 	s.t.Helper()
+	p := pause{pid: s.runningPID(pod)}
 	s.signalPod(pod, syscall.SIGSTOP)
+	s.eventually(10*time.Second, func() error {
+		if st := procState(p.pid); st != "T" {
+			return fmt.Errorf("%s (pid %d) is in state %q, not stopped yet", pod, p.pid, st)
+		}
+		return nil
+	})
+	p.stoppedAt = time.Now()
 	s.slowSink(pod, 0)
-	time.Sleep(d)
+	held()
+	time.Sleep(d) // the fault's length
+	p.contAt = time.Now()
 	if err := s.kubelet.Signal(pod, syscall.SIGCONT); err != nil {
 		s.note("%s was resumed by the kubelet on deletion before the test resumed it", pod)
 	}
-	return time.Now()
+	return p
+}
+
+// runningPID is the pid of pod's running worker process.
+func (s *scene) runningPID(pod string) int {
+	s.t.Helper()
+	pid := 0
+	for _, p := range s.kubelet.Started() {
+		if p.Pod == pod && p.Running {
+			pid = p.PID
+		}
+	}
+	if pid == 0 {
+		s.t.Fatalf("no running process of %s", pod)
+	}
+	return pid
+}
+
+// procState is a process's state letter from /proc/<pid>/stat ("T":
+// stopped), "" when it cannot be read.
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// pid (comm) state ...: comm may hold spaces, so cut at the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return ""
+	}
+	return string(b[i+2])
 }
 
 // holderOf is who holds unit in the registry now ("" when nobody).

@@ -252,6 +252,8 @@ func (s *scene) startKubelet() {
 			}
 		},
 	}
+	// The checker requires a history of every process the kubelet starts.
+	s.fleet.AddProcesses(fleettest.KubeletProcesses(s.kubelet))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.kubelet.Run(ctx) }()

@@ -32,8 +32,9 @@ func stepRank(step string) int {
 
 // operatorKilledAtEachStep runs the changes one after another, SIGKILLs
 // the operator when each reaches its step, starts it again, and checks
-// that it resumed at that step or a later one (never an earlier one) and
-// that no epoch was created twice.
+// that the kill landed at that step (from the registry, just before the
+// kill), that the operator resumed at that step or a later one (never an
+// earlier one) and that no epoch was created twice.
 func operatorKilledAtEachStep(kills []stepKill) func(*scene) {
 	return func(s *scene) {
 		for _, k := range kills {
@@ -73,7 +74,7 @@ func (s *scene) killOperatorAt(k stepKill) {
 		s.t.Errorf("killed at %s of the change to %s, the restarted operator went back to %s", landed, k.To, resumed)
 	}
 	if landed != k.Step {
-		s.note("change to %s: aimed at %s, the kill landed at %s", k.To, k.Step, landed)
+		s.t.Errorf("change to %s: aimed at %s, the kill landed at %s (registry): the step under test was not hit", k.To, k.Step, landed)
 	}
 	s.waitReady(k.To, readyTimeout)
 	s.note("change to %s: operator killed at %s (%s after the spec change), resumed at %s; Ready %s after the kill",

@@ -26,20 +26,24 @@ func (s *scene) pauseLength() time.Duration { return leaseTTL + s.params.Grace +
 
 // pausedPastLease SIGSTOPs a worker past its lease and grace during a
 // freeze, during a claim step and during its own handover (a pod roll),
-// resumes it each time, and checks that the resumed process delivered
-// and settled nothing under its old incarnation's claims.
+// resumes it each time, and checks that the fault took effect (the pod
+// held units and rows were in flight when it stopped, others took units
+// over meanwhile) and that the resumed process delivered and settled
+// nothing under its old incarnation's claims. In the first two pauses the
+// sink is slow only until the process resumes, so the resumed handlers go
+// on to write and settle: the fence and the write guard must stop them.
 func pausedPastLease(freezeTo, claimTo ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		s.setShape(freezeTo)
 		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(freezeTo))
-		s.pauseAndCheck("ingest-1", "during the freeze")
+		s.pauseAndCheck("ingest-1", "during the freeze", 2*time.Second)
 		s.waitReady(freezeTo, readyTimeout)
 
 		s.setShape(claimTo)
 		s.awaitRegistry("the new epoch active with units unowned", time.Minute, func(sn poolctl.Snapshot) bool {
 			return activeIs(claimTo)(sn) && s.someUnowned(claimTo)
 		})
-		s.pauseAndCheck("ingest-0", "during the claim step")
+		s.pauseAndCheck("ingest-0", "during the claim step", 2*time.Second)
 		s.waitReady(claimTo, readyTimeout)
 
 		// Its own handover lasts while rows wait in its slow sink.
@@ -47,18 +51,32 @@ func pausedPastLease(freezeTo, claimTo ownership.Topology) func(*scene) {
 		s.awaitInFlight("ingest-2")
 		s.rollPods()
 		s.awaitStatus("ingest-2 HandingOver", 2*time.Minute, func(g sighting) bool { return g.podStep("ingest-2") == topologyv1.PodStepHandingOver })
-		s.pauseAndCheck("ingest-2", "during its own handover")
+		s.pauseAndCheck("ingest-2", "during its own handover", 0)
 		s.settle()
 	}
 }
 
 // pauseAndCheck SIGSTOPs pod past its lease and grace, resumes it, and
-// checks the resumed incarnation's history.
-func (s *scene) pauseAndCheck(pod, when string) {
+// checks the resumed incarnation's history. A sinkDelay above zero makes
+// the sink slow until the pause, so rows are in flight when it begins.
+// The fault must take effect: the pod held units and had rows in flight
+// when it stopped, and another member or incarnation took at least one of
+// its units during the pause. The resume instant is the process's own
+// first record after the pause (SIGCONT returns well after the process
+// runs again, and the kubelet also sends one on deletion).
+func (s *scene) pauseAndCheck(pod, when string, sinkDelay time.Duration) {
 	s.t.Helper()
 	inc := s.incarnationOf(pod)
-	held := s.unitsOf(pod)
-	resumed := s.pauseFor(pod, s.pauseLength())
+	if sinkDelay > 0 {
+		s.slowSink(pod, sinkDelay)
+		s.awaitInFlight(pod)
+	}
+	var held []string
+	var rows map[string]time.Time
+	p := s.pauseFor(pod, s.pauseLength(), func() {
+		held = s.unitsOf(pod)
+		rows = inFlight(s.histories(), pod, inc)
+	})
 	// Let the resumed process run into its fence and rejoin, then read
 	// what it did.
 	s.eventually(time.Minute, func() error {
@@ -67,11 +85,26 @@ func (s *scene) pauseAndCheck(pod, when string) {
 		}
 		return nil
 	})
-	if bad := actionsAfter(s.histories(), pod, inc, resumed); len(bad) > 0 {
+	taken := takenOver(s.claimHistory(), held, pod, inc, p.stoppedAt, p.contAt)
+	switch {
+	case len(held) == 0:
+		s.t.Errorf("%s held no unit when it was stopped %s: the pause tested nothing", pod, when)
+	case len(taken) == 0:
+		s.t.Errorf("none of the %d units %s held was taken by another member or incarnation during its pause %s", len(held), pod, when)
+	case len(rows) == 0:
+		s.t.Errorf("%s had no row in flight when it was stopped %s: nothing could be acted on after the pause", pod, when)
+	}
+	procs := s.histories()
+	resumed, ok := firstRecordAfter(procs, pod, p.pid, p.stoppedAt)
+	if !ok {
+		s.note("%s recorded nothing after its pause %s (it was stopped before it ran again)", pod, when)
+		resumed = p.contAt
+	}
+	if bad := actionsAfter(procs, pod, inc, resumed.Add(-time.Nanosecond)); len(bad) > 0 {
 		s.t.Errorf("%s, resumed after a pause past its lease %s, acted under its old incarnation %d: %s", pod, when, inc, describeActs(bad, 4))
 	}
-	s.note("%s SIGSTOPped %s for %s holding %d units, resumed: nothing delivered or settled under incarnation %d afterwards",
-		pod, when, s.pauseLength(), len(held), inc)
+	s.note("%s SIGSTOPped %s for %s holding %d units (%d taken over during the pause) with %d rows in flight; first record after it %s after SIGCONT: nothing delivered or settled under incarnation %d afterwards",
+		pod, when, s.pauseLength(), len(held), len(taken), len(rows), resumed.Sub(p.contAt).Round(time.Millisecond), inc)
 }
 
 // kubeletRuns reports whether pod has a running process that is not being
@@ -114,7 +147,10 @@ func killedMidHandover(reset bool) func(*scene) {
 		killAt := time.Now()
 		s.signalPod(pod, syscall.SIGKILL)
 		s.slowSink(pod, 0)
-		rows := inFlight(s.histories(), pod, inc)
+		rows := inFlight(s.histories(), pod, inc) // final: the process is dead
+		if len(rows) == 0 {
+			s.t.Errorf("%s had no row in flight when it was killed mid-handover: no takeover of rows was tested", pod)
+		}
 		bound := s.flowBound()
 		if !reset {
 			bound += s.input.ackWait()
@@ -180,8 +216,20 @@ func scaleDownHolderDies(to ownership.Topology, sig syscall.Signal) func(*scene)
 			s.t.Fatalf("leaving unit %s moved from %s to %q before the fault", leaving, holder, h)
 		}
 		pending := s.consumerRows(leaving)
+		inc := s.incarnationOf(holder)
+		s.awaitInFlight(holder)
 		old, _ := s.kubelet.Addr(holder)
 		s.signalPod(holder, sig)
+		// The fault must land mid-drain: rows of the leaving unit in the
+		// holder's handler and more waiting in its consumer. (A SIGKILLed
+		// holder's history is final now; a SIGTERMed one's only grows.)
+		rows := inFlightOf(inFlight(s.histories(), holder, inc), s.histories(), leaving.String())
+		switch {
+		case pending <= 0:
+			s.t.Errorf("%s's consumer held no rows when %s was signalled: the drain under test was over", leaving, holder)
+		case rows == 0:
+			s.t.Errorf("%s had no row of %s in flight when it was signalled: it was not draining", holder, leaving)
+		}
 		if sig == syscall.SIGTERM {
 			// It drains for its drain timeout, releases what is left and
 			// exits; its restarted process must not be slow.
@@ -189,7 +237,7 @@ func scaleDownHolderDies(to ownership.Topology, sig syscall.Signal) func(*scene)
 		}
 		s.slowSink(holder, 0)
 		s.settle()
-		s.note("%s sent to %s mid-drain of %s with %d rows left in its consumer", unix.SignalName(sig), holder, leaving, pending)
+		s.note("%s sent to %s mid-drain of %s with %d rows of it in flight and %d left in its consumer", unix.SignalName(sig), holder, leaving, rows, pending)
 		s.waitReady(to, 3*time.Minute)
 		s.expectBurstDelivered(burst)
 		s.expectRetiringEmpty()
@@ -270,12 +318,25 @@ func killedAndRestarted(mid *ownership.Topology) func(*scene) {
 			})
 		}
 		s.disturb()
+		// A slow sink keeps rows in the handler, so the kill lands with
+		// rows in flight; the restarted process is not slow.
+		inc := s.incarnationOf(pod)
+		s.slowSink(pod, 200*time.Millisecond)
+		s.awaitInFlight(pod)
 		held := len(s.unitsOf(pod))
 		old, _ := s.kubelet.Addr(pod)
 		s.signalPod(pod, syscall.SIGKILL)
+		s.slowSink(pod, 0)
+		rows := len(inFlight(s.histories(), pod, inc)) // final: the process is dead
+		switch {
+		case held == 0:
+			s.t.Errorf("%s held no unit when it was killed: the kill tested nothing", pod)
+		case rows == 0:
+			s.t.Errorf("%s had no row in flight when it was killed", pod)
+		}
 		s.awaitRestart(pod, old)
 		restarted := time.Now()
 		s.settle()
-		s.expectFlowWithin(topo, restarted, s.flowBound(), fmt.Sprintf("after %s (holding %d units) was killed and restarted", pod, held))
+		s.expectFlowWithin(topo, restarted, s.flowBound(), fmt.Sprintf("after %s (holding %d units, %d rows in flight) was killed and restarted", pod, held, rows))
 	}
 }

@@ -116,6 +116,8 @@ func startWorld(t *testing.T, ns string, o worldOptions) *world {
 			return o.WorkerContainerImage, slices.Contains(o.ContainerPods, p.Name)
 		}
 	}
+	// The checker requires a history of every process the kubelet starts.
+	w.fleet.AddProcesses(fleettest.KubeletProcesses(w.kubelet))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.kubelet.Run(kctx) }()
 	t.Cleanup(func() { cancel(); <-done })

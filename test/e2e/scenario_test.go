@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -100,6 +101,9 @@ func runScenario(t *testing.T, s strategy, in scenarioInput, ns string) scenario
 	}
 
 	published := pub.Stop()
+	if x, ok := s.(extraRows); ok {
+		maps.Copy(published, x.Extra())
+	}
 	v, d, err := w.fleet.Verdict(published, 90*time.Second, s.Name() == "independent")
 	r := scenarioResult{Strategy: s.Name(), Scenario: in.Name, Verdict: v, Delivery: d, Monitor: mon.Stop(),
 		Took: time.Since(start), Err: err}
@@ -146,8 +150,10 @@ func unmovedGaps(t *testing.T, f *fleettest.Fleet, d fleettest.Delivery, from, t
 // pod roll) and V 32 -> 48 while publishing, under the operator and under
 // independent workers that hash on their own, and prints the history
 // checker's verdicts side by side. Sequenced must be clean; the baseline
-// must show units pulled by two processes at once (their fetch windows
-// overlap), or the comparison proves nothing.
+// must fail a P1 check (overlapping delivery windows, driven by bursts onto
+// the units two of its pods pull at once: driveOverlap) in every change
+// that has such units, and in one change at least, or the comparison
+// proves nothing.
 //
 // checks P1, P2, P3, P7
 func TestRolloutSequencedVersusIndependent(t *testing.T) {
@@ -158,6 +164,7 @@ func TestRolloutSequencedVersusIndependent(t *testing.T) {
 			Changes: []ownership.Topology{{Partitions: 4, Shards: 48}}, Replicas: 4, Rate: 200},
 	}
 	var results []scenarioResult
+	baselineFailed := 0
 	for i, in := range scenarios {
 		for _, s := range []strategy{&sequenced{}, &independent{}} {
 			var r scenarioResult
@@ -165,11 +172,31 @@ func TestRolloutSequencedVersusIndependent(t *testing.T) {
 				r = runScenario(t, s, in, fmt.Sprintf("e2e-%s-%d", s.Name(), i))
 			})
 			results = append(results, r)
+			ind, ok := s.(*independent)
+			if !ok {
+				continue
+			}
+			// A baseline that cannot fail compares nothing: where its
+			// placement puts a unit on an old and a replaced pod at once
+			// (a unit moving to a higher slot: pods roll highest first),
+			// the bursts onto it must show a P1 failure.
+			failed := r.Verdict.Row(historycheck.CheckOverlaps)[1] == string(historycheck.Fail)
+			if failed {
+				baselineFailed++
+			}
+			t.Logf("independent %s: %d units pulled by an old and a replaced pod at once, %d bursts, P1 overlap %s",
+				in.Name, ind.moved, ind.bursts, r.Verdict.Row(historycheck.CheckOverlaps)[0])
+			if ind.moved > 0 && !failed {
+				t.Errorf("independent %s: %d units were pulled by two pods at once under steady bursts, yet %s passed: the baseline must break the promise the sequenced fleet keeps",
+					in.Name, ind.moved, historycheck.CheckOverlaps)
+			}
 		}
 	}
 	printSideBySide(t, results)
+	if baselineFailed == 0 {
+		t.Errorf("the independent baseline failed no P1 check in any change: a comparison whose baseline cannot fail compares nothing")
+	}
 
-	pulledByTwo := 0
 	for _, r := range results {
 		switch r.Strategy {
 		case "sequenced":
@@ -182,15 +209,7 @@ func TestRolloutSequencedVersusIndependent(t *testing.T) {
 			if r.Verdict.Published == 0 {
 				t.Errorf("sequenced %s: nothing was published; the scenario checked nothing", r.Scenario)
 			}
-		case "independent":
-			// Pulled by two processes at once: what field reports count.
-			// Whether both also got rows in overlapping windows depends on
-			// traffic; the checker reports that as double-pulled (P1).
-			pulledByTwo += r.Verdict.UnitsPulledByTwo
 		}
-	}
-	if pulledByTwo == 0 {
-		t.Errorf("the independent baseline pulled no unit from two processes at once in either change: a comparison whose baseline cannot fail compares nothing")
 	}
 }
 
@@ -222,8 +241,9 @@ func printSideBySide(t *testing.T, rs []scenarioResult) {
 
 // rollPodsByHand restarts pods highest ordinal first, one at a time,
 // waiting for each replacement to be Ready: how a fleet without the
-// operator rolls.
-func rollPodsByHand(w *world, replicas int32) {
+// operator rolls. replaced, when set, runs after each replacement is
+// Ready, with its ordinal.
+func rollPodsByHand(w *world, replicas int32, replaced func(ordinal int)) {
 	ctx := context.Background()
 	for i := replicas - 1; i >= 0; i-- {
 		name := fmt.Sprintf("ingest-%d", i)
@@ -244,7 +264,16 @@ func rollPodsByHand(w *world, replicas int32) {
 			}
 			return nil
 		})
+		if replaced != nil {
+			replaced(int(i))
+		}
 	}
+}
+
+// extraRows is a strategy that published rows of its own (the baseline's
+// bursts onto moved units); the verdict counts them too.
+type extraRows interface {
+	Extra() map[string]ownership.Unit
 }
 
 func podReady(p *corev1.Pod) bool {

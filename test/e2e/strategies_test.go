@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -218,12 +219,20 @@ func failOnForbidden(w *world, st *topologyv1.ShardTopology) {
 // and V it was started with; a change is a pod-by-pod restart.
 type independent struct {
 	replicas int32
+	topo     ownership.Topology
+	// extra are the rows driveOverlap published; moved counts the units
+	// it found pulled by an old and a replaced pod at once; overlapped says
+	// it saw the overlap it drives; bursts numbers its bursts.
+	extra      map[string]ownership.Unit
+	moved      int
+	overlapped bool
+	bursts     int
 }
 
 func (*independent) Name() string { return "independent" }
 
 func (s *independent) Setup(w *world, topo ownership.Topology, replicas int32) {
-	s.replicas = replicas
+	s.replicas, s.topo, s.extra = replicas, topo, map[string]ownership.Unit{}
 	s.provision(w, topo)
 	w.createStatefulSet(replicas, map[string]string{
 		"WORKER_STRATEGY": "independent", "REPLICAS": strconv.Itoa(int(replicas)),
@@ -235,12 +244,26 @@ func (s *independent) Setup(w *world, topo ownership.Topology, replicas int32) {
 func (s *independent) Change(w *world, topo ownership.Topology) {
 	s.provision(w, topo)
 	w.updateTemplateEnv(map[string]string{"PARTITIONS": strconv.Itoa(topo.Partitions), "SHARDS": strconv.Itoa(topo.Shards)})
-	rollPodsByHand(w, s.replicas)
+	from := s.topo
+	rollPodsByHand(w, s.replicas, func(replaced int) {
+		if s.overlapped {
+			return
+		}
+		moved := movedUnits(from, topo, s.replicas, replaced)
+		s.moved += len(moved)
+		rows, ok := s.driveOverlap(w, moved)
+		maps.Copy(s.extra, rows)
+		s.overlapped = ok
+	})
+	s.topo = topo
 }
+
+// Extra implements extraRows.
+func (s *independent) Extra() map[string]ownership.Unit { return s.extra }
 
 func (s *independent) RollPods(w *world) {
 	w.updateTemplateEnv(map[string]string{"ROLL": "1"})
-	rollPodsByHand(w, s.replicas)
+	rollPodsByHand(w, s.replicas, nil)
 }
 
 // provision creates the consumers of topo (what a deploy pipeline does

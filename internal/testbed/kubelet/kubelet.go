@@ -74,6 +74,45 @@ type Kubelet struct {
 
 	mu    sync.Mutex
 	procs map[types.UID]*proc
+	// started is every process started, restarts and replaced pods too.
+	started []*proc
+}
+
+// Process is one process (or container) the kubelet started for a pod.
+type Process struct {
+	Pod string
+	// PID is the process's id; 0 for a container, whose processes have
+	// ids of their own namespace.
+	PID int
+	// Running says it had not exited when Started was called.
+	Running bool
+	// Signaled says it ended by a signal (a container: with a non-zero
+	// status, which is how its client reports a kill).
+	Signaled bool
+}
+
+// Started lists every process the kubelet started, in start order: each
+// incarnation of each pod, so a test can require evidence from all of them.
+func (k *Kubelet) Started() []Process {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]Process, 0, len(k.started))
+	for _, p := range k.started {
+		sp := Process{Pod: p.pod, Running: true}
+		if p.container == "" {
+			sp.PID = p.cmd.Process.Pid
+		}
+		select {
+		case <-p.exited:
+			sp.Running = false
+			if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok {
+				sp.Signaled = ws.Signaled() || (p.container != "" && ws.ExitStatus() != 0)
+			}
+		default:
+		}
+		out = append(out, sp)
+	}
+	return out
 }
 
 type proc struct {
@@ -219,6 +258,7 @@ func (k *Kubelet) start(ctx context.Context, pod *corev1.Pod) (*proc, error) {
 	go func() { _ = p.cmd.Wait(); close(p.exited) }()
 	k.mu.Lock()
 	k.procs[pod.UID] = p
+	k.started = append(k.started, p)
 	k.mu.Unlock()
 	return p, nil
 }
