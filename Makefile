@@ -29,8 +29,9 @@ all: generate build
 ##@ Development
 
 .PHONY: generate
-generate: ## Regenerate deepcopy code, the CRD and RBAC from markers (hack/verify's test fails when they are stale).
+generate: ## Regenerate deepcopy code, the CRD and RBAC from markers, and the chart's copies of config/ (tests fail when either is stale).
 	hack/generate.sh
+	hack/chart-sync.sh
 
 .PHONY: build
 build: ## Build the operator and tools into bin/.
