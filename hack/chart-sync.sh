@@ -2,7 +2,7 @@
 # chart-sync.sh: copies into charts/shardkeeper/files the parts of config/
 # the chart renders as they are: the CRD, the manager role generated from
 # the reconciler's markers, the Prometheus Operator objects and the Grafana
-# dashboard. `make generate` runs it; charts/test's
+# dashboard. `make generate` runs it; test/helmchart
 # TestChartFilesAreCopiesOfConfig fails when a copy is stale.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
