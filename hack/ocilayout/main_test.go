@@ -228,3 +228,20 @@ func keys(m map[string][]byte) []string {
 	slices.Sort(out)
 	return out
 }
+
+// TestBuiltLayoutsAreComplete checks layouts `make oci-images` wrote, when
+// OCI_CHECK_DIR names their directory (and OCI_CHECK_VERSION their
+// version), with the same checks as above and the real binaries:
+//
+//	OCI_CHECK_DIR=$PWD/bin/oci OCI_CHECK_VERSION=v0.1.0 go test -run TestBuiltLayoutsAreComplete ./hack/ocilayout
+func TestBuiltLayoutsAreComplete(t *testing.T) {
+	dir, version := os.Getenv("OCI_CHECK_DIR"), os.Getenv("OCI_CHECK_VERSION")
+	if dir == "" || version == "" {
+		t.Skip("OCI_CHECK_DIR and OCI_CHECK_VERSION are unset: no built layouts to check")
+	}
+	for _, im := range Images {
+		t.Run(im.Name, func(t *testing.T) {
+			CheckLayout(t, filepath.Join(dir, im.Name), version, im.Name, []string{"linux/amd64", "linux/arm64"})
+		})
+	}
+}
