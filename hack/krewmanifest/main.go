@@ -86,8 +86,17 @@ func Fill(tmpl []byte, tag, dist string) ([]byte, error) {
 			return fmt.Sprintf("uri: %s\n    sha256: %s", u, sum), nil
 		},
 	}
-	out, err := execute("manifest", string(tmpl), tag, funcs)
-	return []byte(out), err
+	// The template's opening comment describes the template; the filled
+	// manifest says what it is instead.
+	body := string(tmpl)
+	for strings.HasPrefix(body, "#") {
+		_, body, _ = strings.Cut(body, "\n")
+	}
+	out, err := execute("manifest", body, tag, funcs)
+	if err != nil {
+		return nil, err
+	}
+	return []byte("# krew manifest of kubectl-shardkeeper " + tag + ", filled by `make release` from plugins/shardkeeper.yaml.\n" + out), nil
 }
 
 func execute(name, text, tag string, funcs template.FuncMap) (string, error) {
