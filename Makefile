@@ -5,17 +5,21 @@
 
 SHELL := /usr/bin/env bash -o pipefail
 
-# Images `make docker-build` tags and `make install-manifest` pins.
-IMG ?= shardkeeper:latest
-WORKER_IMG ?= shardkeeper-worker:latest
+# What the binaries report for --version and shardkeeper_build_info, and
+# the images' tag: the release tag when HEAD is one (v0.1.0), else
+# git describe's v0.1.0-3-gabc1234[-dirty].
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Images `make docker-build` and `make oci-images` tag and
+# `make install-manifest` pins: the version, never :latest.
+IMAGE_REPO ?= shardkeeper
+IMG ?= $(IMAGE_REPO):$(VERSION)
+WORKER_IMG ?= $(IMAGE_REPO)-worker:$(VERSION)
 # The images' base. Users get distroless (non-root, no shell); machines
 # that cannot pull (the tests) pass BASE_IMAGE=scratch.
 BASE_IMAGE ?= gcr.io/distroless/static:nonroot
 # The CA bundle copied into the images, from the build host.
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 
-# What the binaries report for --version and shardkeeper_build_info.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
 VERSION_PKG := github.com/shardkeeper/shardkeeper/internal/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).revision=$(REVISION)
@@ -29,8 +33,9 @@ all: generate build
 ##@ Development
 
 .PHONY: generate
-generate: ## Regenerate deepcopy code, the CRD and RBAC from markers (hack/verify's test fails when they are stale).
+generate: ## Regenerate deepcopy code, the CRD and RBAC from markers, and the chart's copies of config/ (tests fail when either is stale).
 	hack/generate.sh
+	hack/chart-sync.sh
 
 .PHONY: build
 build: ## Build the operator and tools into bin/.
@@ -84,8 +89,31 @@ docker-push: ## Push IMG and WORKER_IMG.
 	docker push $(WORKER_IMG)
 
 .PHONY: install-manifest
-install-manifest: ## Render dist/install.yaml from config/default with the operator image pinned to IMG.
+install-manifest: ## Render dist/install.yaml (config/default) and dist/install-namespaced.yaml (config/namespaced) with the operator image pinned to IMG.
 	hack/install-manifest.sh "$(IMG)" dist/install.yaml
+	hack/install-manifest.sh "$(IMG)" dist/install-namespaced.yaml config/namespaced
+
+# Platforms of `make oci-images`.
+PLATFORMS ?= linux/amd64 linux/arm64
+OCI_DIR ?= bin/oci
+
+.PHONY: oci-images
+oci-images: ## Build both images for PLATFORMS as OCI image indexes in OCI_DIR, offline and without Docker (push: skopeo copy --all oci:bin/oci/shardkeeper:VERSION docker://...).
+	@test -r "$(CA_BUNDLE)" || { echo "CA_BUNDLE $(CA_BUNDLE) is not readable: install ca-certificates or set CA_BUNDLE=<path to a PEM bundle>" >&2; exit 1; }
+	mkdir -p $(IMAGE_DIR)
+	for p in $(PLATFORMS); do \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} go build -trimpath -ldflags '-s -w $(LDFLAGS)' \
+			-o $(IMAGE_DIR)/$${p%/*}_$${p#*/}/ . ./cmd/shardkeeper-worker || exit 1; \
+	done
+	cp "$(CA_BUNDLE)" $(IMAGE_DIR)/ca-certificates.crt
+	cp LICENSE $(IMAGE_DIR)/LICENSE
+	go run ./hack/ocilayout -context $(IMAGE_DIR) -out $(OCI_DIR) -version $(VERSION) -revision $(REVISION) -platforms "$(PLATFORMS)"
+
+RELEASE_DIR ?= dist
+
+.PHONY: release
+release: ## Write a release into RELEASE_DIR (dist/): install manifests pinned to VERSION, the Helm chart, the kubectl plugin archives, checksums and the krew manifest (VERSION=vX.Y.Z).
+	VERSION="$(VERSION)" REVISION="$(REVISION)" IMAGE_REPO="$(IMAGE_REPO)" hack/release.sh "$(RELEASE_DIR)"
 
 .PHONY: deps
 deps: ## Install what the tests need from the machine's package manager.

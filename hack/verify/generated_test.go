@@ -1,5 +1,7 @@
 // Package verify holds tests of the repository itself rather than of a
-// package: that generated files are current.
+// package: that generated files are current, that git tracks no binary
+// or large file and ignores what `go build` leaves behind, and that the
+// shipped binaries link neither the NATS server nor Helm.
 package verify
 
 import (

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -82,11 +81,7 @@ func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 // orphanStreams lists the streams named like partitions of this layout
 // with a partition number of N or more.
 func orphanStreams(ctx context.Context, nc *nats.Conn, l Layout) ([]string, error) {
-	mgr, err := manager(ctx, nc)
-	if err != nil {
-		return nil, err
-	}
-	names, err := mgr.StreamNames(&jsm.StreamNamesFilter{Subject: l.SubjectPrefix + ".>"})
+	names, err := (jsAPI{nc}).streamNames(ctx, l.SubjectPrefix+".>")
 	if err != nil {
 		return nil, fmt.Errorf("list streams of prefix %s: %w", l.SubjectPrefix, err)
 	}
@@ -103,23 +98,20 @@ func orphanStreams(ctx context.Context, nc *nats.Conn, l Layout) ([]string, erro
 }
 
 func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep *Report) error {
-	mgr, err := manager(ctx, nc)
-	if err != nil {
-		return err
-	}
+	jsa := jsAPI{nc}
 	name := l.StreamName(p)
-	meta, err := provisionStream(mgr, l, p, rep)
+	meta, err := provisionStream(ctx, jsa, l, p, rep)
 	if err != nil {
 		return err
 	}
 
-	existing, _, offline, err := mgr.Consumers(name)
+	existing, offline, err := jsa.consumers(ctx, name)
 	if err != nil {
 		return fmt.Errorf("list consumers of stream %s: %w", name, err)
 	}
 	have := make(map[string]api.ConsumerConfig, len(existing))
 	for _, c := range existing {
-		have[c.Name()] = c.Configuration()
+		have[c.Name] = c.Config
 	}
 	for cname, reason := range offline {
 		// An offline consumer exists but cannot be read: creating it again
@@ -175,7 +167,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 			continue
 		}
 		run(func() (string, error) {
-			if _, err := mgr.NewConsumerFromDefault(name, *next); err != nil {
+			if err := jsa.updateConsumer(ctx, name, *next); err != nil {
 				return "", fmt.Errorf("update consumer %s/%s: %w", name, want.Durable, err)
 			}
 			return obj, nil
@@ -208,12 +200,12 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 
 // provisionStream creates or corrects partition p's stream and returns
 // its metadata (where retired unit consumers would resume).
-func provisionStream(mgr *jsm.Manager, l Layout, p int, rep *Report) (map[string]string, error) {
+func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p int, rep *Report) (map[string]string, error) {
 	want := l.StreamConfig(p)
-	stream, err := mgr.LoadStream(want.Name)
+	stream, err := jsa.streamInfo(ctx, want.Name)
 	switch {
-	case jsm.IsNatsError(err, errCodeStreamNotFound):
-		if _, err := mgr.NewStreamFromDefault(want.Name, want); err != nil {
+	case api.IsNatsError(err, errCodeStreamNotFound):
+		if err := jsa.createStream(ctx, want); err != nil {
 			return nil, fmt.Errorf("create stream %s: %w", want.Name, err)
 		}
 		rep.Created = append(rep.Created, streamObject(want.Name))
@@ -221,13 +213,13 @@ func provisionStream(mgr *jsm.Manager, l Layout, p int, rep *Report) (map[string
 	case err != nil:
 		return nil, fmt.Errorf("load stream %s: %w", want.Name, err)
 	}
-	got := stream.Configuration()
+	got := stream.Config
 	fs, next := streamDrift(want, got, l.Assignment == AssignByTransform)
 	rep.Findings = append(rep.Findings, fs...)
 	if next == nil {
 		return got.Metadata, nil
 	}
-	if err := stream.UpdateConfiguration(*next); err != nil {
+	if err := jsa.updateStream(ctx, *next); err != nil {
 		return nil, fmt.Errorf("update stream %s: %w", want.Name, err)
 	}
 	rep.Updated = append(rep.Updated, streamObject(want.Name))
@@ -245,7 +237,7 @@ func withResume(c api.ConsumerConfig, meta map[string]string) api.ConsumerConfig
 	return c
 }
 
-// createConsumer creates a consumer that must not exist yet. jsm.go only
+// createConsumer creates a consumer that must not exist yet. jsAPI only
 // creates-or-updates; the create action of nats.go's jetstream package
 // makes a concurrent creation with another configuration fail instead of
 // silently winning.
@@ -267,23 +259,6 @@ func createConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 		return nil
 	}
 	return err
-}
-
-// manager opens a jsm.go manager whose request timeout is what is left of
-// ctx (jsm.go takes no contexts).
-func manager(ctx context.Context, nc *nats.Conn) (*jsm.Manager, error) {
-	timeout := defaultRequestTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-		if timeout <= 0 {
-			return nil, context.DeadlineExceeded
-		}
-	}
-	mgr, err := jsm.New(nc, jsm.WithTimeout(timeout))
-	if err != nil {
-		return nil, fmt.Errorf("open JetStream manager: %w", err)
-	}
-	return mgr, nil
 }
 
 // requestContext bounds one request by defaultRequestTimeout when ctx has

@@ -69,28 +69,26 @@ func TestProvisionReportsDriftAndCorrectsOnlyWhatIsSafe(t *testing.T) {
 	mustProvision(t, nc, l)
 
 	// Someone edits the objects by hand.
-	mgr, err := manager(testContext(t, 10*time.Second), nc)
+	ctx := testContext(t, 10*time.Second)
+	jsa := jsAPI{nc}
+	st, err := jsa.streamInfo(ctx, l.StreamName(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := mgr.LoadStream(l.StreamName(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	scfg := st.Configuration()
+	scfg := st.Config
 	scfg.Replicas = 3
-	if err := st.UpdateConfiguration(scfg); err != nil {
+	if err := jsa.updateStream(ctx, scfg); err != nil {
 		t.Fatalf("tamper with stream: %v", err)
 	}
-	cons, err := mgr.LoadConsumer(l.StreamName(0), l.ConsumerDurable(0, 1))
+	cons, err := jsa.consumerInfo(ctx, l.StreamName(0), l.ConsumerDurable(0, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ccfg := cons.Configuration()
+	ccfg := cons.Config
 	ccfg.AckWait = 5 * time.Second
 	ccfg.PinnedTTL = time.Hour
 	ccfg.FilterSubject = l.FilterSubject(0, 7)
-	if _, err := mgr.NewConsumerFromDefault(l.StreamName(0), ccfg); err != nil {
+	if err := jsa.updateConsumer(ctx, l.StreamName(0), ccfg); err != nil {
 		t.Fatalf("tamper with consumer: %v", err)
 	}
 

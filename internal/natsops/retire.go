@@ -7,7 +7,7 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/nats-io/jsm.go"
+	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
 )
 
@@ -37,35 +37,28 @@ type Holding struct {
 // its new consumer there instead of replaying the stream's whole history of
 // the unit to the new owner as fresh rows.
 func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit) (retired []Unit, holding []Holding, err error) {
-	mgr, err := manager(ctx, nc)
-	if err != nil {
-		return nil, nil, err
-	}
+	jsa := jsAPI{nc}
 	for _, u := range units {
 		if err := ctx.Err(); err != nil {
 			return retired, holding, err
 		}
 		ref := l.ConsumerRef(u)
-		c, err := mgr.LoadConsumer(ref.Stream, ref.Name)
+		st, err := jsa.consumerInfo(ctx, ref.Stream, ref.Name)
 		switch {
-		case jsm.IsNatsError(err, errCodeConsumerNotFound), jsm.IsNatsError(err, errCodeStreamNotFound):
+		case api.IsNatsError(err, errCodeConsumerNotFound), api.IsNatsError(err, errCodeStreamNotFound):
 			retired = append(retired, u)
 			continue
 		case err != nil:
 			return retired, holding, fmt.Errorf("load consumer %s: %w", ref, err)
 		}
-		st, err := c.LatestState()
-		if err != nil {
-			return retired, holding, fmt.Errorf("read state of consumer %s: %w", ref, err)
-		}
 		if st.NumPending > 0 || st.NumAckPending > 0 {
 			holding = append(holding, Holding{Unit: u, Pending: st.NumPending, AckPending: st.NumAckPending})
 			continue
 		}
-		if err := recordResume(mgr, ref, st.Delivered.Stream+1); err != nil {
+		if err := recordResume(ctx, jsa, ref, st.Delivered.Stream+1); err != nil {
 			return retired, holding, err
 		}
-		if err := mgr.DeleteConsumer(ref.Stream, ref.Name); err != nil && !jsm.IsNatsError(err, errCodeConsumerNotFound) {
+		if err := jsa.deleteConsumer(ctx, ref.Stream, ref.Name); err != nil && !api.IsNatsError(err, errCodeConsumerNotFound) {
 			return retired, holding, fmt.Errorf("delete consumer %s: %w", ref, err)
 		}
 		retired = append(retired, u)
@@ -89,12 +82,12 @@ func ResumeKey(durable string) string { return "shardkeeper.dev/resume." + durab
 
 // recordResume writes the resume point of ref's consumer into its stream's
 // metadata, keeping everything else of the stream's configuration.
-func recordResume(mgr *jsm.Manager, ref ConsumerRef, seq uint64) error {
-	stream, err := mgr.LoadStream(ref.Stream)
+func recordResume(ctx context.Context, jsa jsAPI, ref ConsumerRef, seq uint64) error {
+	stream, err := jsa.streamInfo(ctx, ref.Stream)
 	if err != nil {
 		return fmt.Errorf("load stream %s to record where %s resumes: %w", ref.Stream, ref.Name, err)
 	}
-	cfg := stream.Configuration()
+	cfg := stream.Config
 	if cfg.Metadata[ResumeKey(ref.Name)] == strconv.FormatUint(seq, 10) {
 		return nil
 	}
@@ -104,7 +97,7 @@ func recordResume(mgr *jsm.Manager, ref ConsumerRef, seq uint64) error {
 	}
 	meta[ResumeKey(ref.Name)] = strconv.FormatUint(seq, 10)
 	cfg.Metadata = meta
-	if err := stream.UpdateConfiguration(cfg); err != nil {
+	if err := jsa.updateStream(ctx, cfg); err != nil {
 		return fmt.Errorf("record where %s resumes (stream sequence %d): %w", ref, seq, err)
 	}
 	return nil

@@ -23,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
@@ -202,7 +201,7 @@ func uncachedReads(o Options) []client.Object {
 func metricsOptions(o Options) metricsserver.Options {
 	m := metricsserver.Options{BindAddress: o.MetricsAddr, SecureServing: o.MetricsSecure}
 	if o.MetricsSecure {
-		m.FilterProvider = filters.WithAuthenticationAndAuthorization
+		m.FilterProvider = withAuthenticationAndAuthorization
 	}
 	if !o.EnableHTTP2 {
 		m.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}

@@ -1,0 +1,50 @@
+package natsops
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/nats-io/jsm.go/api"
+)
+
+func TestNextPageFollowsTheServersPagingAndStopsOnAnEmptyPage(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		offset, got int
+		page        api.JSApiIterableResponse
+		next        int
+		more        bool
+	}{
+		{"one page holds everything", 0, 3, api.JSApiIterableResponse{Total: 3, Limit: 256}, 0, false},
+		{"a full first page of two", 0, 256, api.JSApiIterableResponse{Total: 300, Limit: 256}, 256, true},
+		{"the last page", 256, 44, api.JSApiIterableResponse{Total: 300, Offset: 256, Limit: 256}, 0, false},
+		{"a server claiming more but sending none stops", 0, 0, api.JSApiIterableResponse{Total: 300, Limit: 256}, 0, false},
+		{"a zero limit stops", 0, 5, api.JSApiIterableResponse{Total: 300}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next, more := nextPage(tc.offset, tc.got, tc.page)
+			if next != tc.next || more != tc.more {
+				t.Fatalf("nextPage = %d, %v; want %d, %v", next, more, tc.next, tc.more)
+			}
+		})
+	}
+}
+
+// The not-found branches of Provision and RetireConsumers rely on
+// api.IsNatsError recognizing what jsAPI.do returns, wrapped or not.
+func TestAPIErrorsAreRecognizedByTheirCode(t *testing.T) {
+	resp := api.JSApiStreamInfoResponse{JSApiResponse: api.JSApiResponse{Error: &api.ApiError{Code: 404, ErrCode: errCodeStreamNotFound, Description: "stream not found"}}}
+	err := resp.ToError()
+	if ae, ok := err.(api.ApiError); ok {
+		err = &ae // as jsAPI.do returns it
+	}
+	wrapped := errors.Join(errors.New("load stream X"), err)
+	for name, e := range map[string]error{"bare": err, "wrapped": wrapped} {
+		if !api.IsNatsError(e, errCodeStreamNotFound) {
+			t.Errorf("%s: IsNatsError(%v, stream not found) = false", name, e)
+		}
+		if api.IsNatsError(e, errCodeConsumerNotFound) {
+			t.Errorf("%s: IsNatsError(%v, consumer not found) = true", name, e)
+		}
+	}
+}
