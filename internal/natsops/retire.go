@@ -2,6 +2,7 @@ package natsops
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"sort"
@@ -41,6 +42,13 @@ func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit)
 	if err != nil {
 		return nil, nil, err
 	}
+	var refused []ForeignObject
+	streamOwners := map[string]map[string]string{}
+	defer func() {
+		if len(refused) > 0 {
+			err = errors.Join(err, &OwnedElsewhereError{Owner: l.Owner, Objects: refused})
+		}
+	}()
 	for _, u := range units {
 		if err := ctx.Err(); err != nil {
 			return retired, holding, err
@@ -53,6 +61,12 @@ func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit)
 			continue
 		case err != nil:
 			return retired, holding, fmt.Errorf("load consumer %s: %w", ref, err)
+		}
+		if owner, foreign, err := foreignOwner(mgr, l.Owner, ref, c.Configuration().Metadata, streamOwners); err != nil {
+			return retired, holding, err
+		} else if foreign {
+			refused = append(refused, ForeignObject{Object: consumerObject(ref.Stream, ref.Name), Owner: owner})
+			continue
 		}
 		st, err := c.LatestState()
 		if err != nil {
@@ -71,6 +85,29 @@ func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit)
 		retired = append(retired, u)
 	}
 	return retired, holding, nil
+}
+
+// foreignOwner says whether the consumer ref, whose metadata is meta, is
+// another topology's: by its own mark or, when it carries none, by its
+// stream's (read once per stream into streams).
+func foreignOwner(mgr *jsm.Manager, want Owner, ref ConsumerRef, meta map[string]string, streams map[string]map[string]string) (Owner, bool, error) {
+	if !want.marked() {
+		return Owner{}, false, nil
+	}
+	if _, marked := ownerOf(meta); !marked {
+		smeta, ok := streams[ref.Stream]
+		if !ok {
+			stream, err := mgr.LoadStream(ref.Stream)
+			if err != nil {
+				return Owner{}, false, fmt.Errorf("load stream %s to read its owner: %w", ref.Stream, err)
+			}
+			smeta = stream.Configuration().Metadata
+			streams[ref.Stream] = smeta
+		}
+		meta = smeta
+	}
+	o, got := judgeOwner(want, meta)
+	return got, o == ownedElsewhere, nil
 }
 
 func sortUnits(us []Unit) {
