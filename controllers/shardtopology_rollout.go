@@ -386,21 +386,34 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 func (s *scope) provision(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology, routed int) error {
 	pctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
-	l := layoutFor(&s.topo.Spec, t)
+	l := layoutFor(s.topo, t)
 	l.TransformShards = routed
-	// Widen first: if Provision fails half way, what it created is still
-	// covered by the envelope and retired later. Consumers kept for the
-	// transform's sake are Provision's orphans.
-	s.widen(t)
+	// Widen first, and write the envelope to status before Provision
+	// creates anything beyond it: if Provision fails half way, or the
+	// operator dies, or this reconcile's final status patch is skipped,
+	// what it created is still covered and retired later. Consumers kept
+	// for the transform's sake are covered too.
+	s.widen(ownership.Topology{Partitions: t.Partitions, Shards: max(t.Shards, routed)})
+	if err := s.persistEnvelope(ctx, r); err != nil {
+		return err
+	}
 	rep, err := natsops.Provision(pctx, s.nc, l)
+	if rep != nil {
+		// Orphans (shards beyond V, every consumer of a stream beyond N)
+		// are found in NATS whatever the envelope remembered.
+		s.widenOver(rep.Orphans)
+	}
 	if err != nil {
 		r.conns().forgetProvisioned(s.key)
+		if refusal := s.natsRefusal(err); refusal != err {
+			return refusal
+		}
 		return fmt.Errorf("provision %s: %w", t, err)
 	}
-	r.conns().markProvisioned(s.key, provisionedKey(l), s.now)
-	for _, u := range rep.Orphans {
-		s.widen(ownership.Topology{Partitions: u.Partition + 1, Shards: u.Shard + 1})
+	if err := s.persistEnvelope(ctx, r); err != nil {
+		return err
 	}
+	r.conns().markProvisioned(s.key, provisionedKey(l), s.now)
 	var unsafe []string
 	for _, f := range rep.Findings {
 		if !f.Updated {
@@ -593,7 +606,7 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	}
 	retired, holding, err := s.retireConsumers(ctx, free)
 	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, s.natsRefusal(err)
 	}
 	before := s.provisioned
 	s.markRetired(retired, epochTopology(w.active))
@@ -603,7 +616,7 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	}
 	slices.SortFunc(s.retiringLeft, ownership.CompareUnits)
 	if len(s.retiringLeft) == 0 && before != nil && int(before.Partitions) > w.active.Partitions {
-		l := layoutFor(&s.topo.Spec, epochTopology(w.active))
+		l := layoutFor(s.topo, epochTopology(w.active))
 		r.event(s, eventNormal, "StreamsKept", "Retire",
 			"streams %s to %s of the partitions that left are kept with their rows (deleting a stream drops them); delete them by hand once they are no longer needed",
 			l.StreamName(w.active.Partitions), l.StreamName(int(before.Partitions)-1))
@@ -646,7 +659,7 @@ func (s *scope) retireConsumers(ctx context.Context, units []ownership.Unit) ([]
 	}
 	rctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
-	retired, holding, err := natsops.RetireConsumers(rctx, s.nc, layoutFor(&s.topo.Spec, env), nu)
+	retired, holding, err := natsops.RetireConsumers(rctx, s.nc, layoutFor(s.topo, env), nu)
 	out := make([]ownership.Unit, len(retired))
 	for i, u := range retired {
 		out[i] = ownership.Unit{Partition: u.Partition, Shard: u.Shard}
@@ -699,7 +712,7 @@ func (s *scope) ensureActiveProvisioned(ctx context.Context, r *ShardTopologyRec
 // ensureProvisioned provisions t with its subject transform on its own V,
 // unless this process did exactly that within reprovisionEvery.
 func (s *scope) ensureProvisioned(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology) error {
-	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(&s.topo.Spec, t)), s.now, reprovisionEvery) {
+	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(s.topo, t)), s.now, reprovisionEvery) {
 		return nil
 	}
 	return s.provision(ctx, r, t, 0)

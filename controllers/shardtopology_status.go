@@ -78,6 +78,7 @@ func firstSightStatus(t *topologyv1.ShardTopology, now time.Time) topologyv1.Sha
 func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) topologyv1.ShardTopologyStatus {
 	st := *t.Status.DeepCopy()
 	set := conditionSetter(&st, t.Generation, now)
+	st.SubjectPrefix = t.SubjectPrefix()
 
 	held := o.change.held || o.roll.held
 	setPaused(set, o.paused, held, o.change.message, o.roll.message)

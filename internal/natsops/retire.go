@@ -2,7 +2,6 @@ package natsops
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"sort"
@@ -45,8 +44,8 @@ func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit)
 	var refused []ForeignObject
 	streamOwners := map[string]map[string]string{}
 	defer func() {
-		if len(refused) > 0 {
-			err = errors.Join(err, &OwnedElsewhereError{Owner: l.Owner, Objects: refused})
+		if len(refused) > 0 && err == nil {
+			err = &OwnedElsewhereError{Owner: l.Owner, Objects: refused}
 		}
 	}()
 	for _, u := range units {

@@ -1,0 +1,103 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+)
+
+// The topology's NATS objects: who owns them, what was ever provisioned,
+// and what is refused.
+//
+// Every stream and unit consumer carries its topology's namespace/name and
+// UID in its metadata (natsops.Layout.Owner). A stream or consumer another
+// topology owns is never adopted, changed or deleted: Provision and the
+// retire steps stop with Stalled (reason NATSObjectsOwnedElsewhere) naming
+// the owner, and the finalizer leaves those objects alone. A stream whose
+// limits can drop unconsumed rows, or a unit consumer that delivers
+// outside its unit's claim, stops the topology the same way (reason
+// UnsafeNATSConfig), naming the field and what is allowed.
+//
+// The provisioned envelope (status.provisioned) is written to the API
+// server before Provision creates anything beyond it, so neither an
+// operator crash nor a final status patch skipped (the generation moved)
+// can lose track of consumers; Provision's orphans (shards beyond V, and
+// every consumer of a partition stream beyond N) widen it too, so what an
+// envelope lost is found again in NATS.
+
+// natsRefusal turns Provision's or RetireConsumers' refusals into a stall
+// that names them; other errors come back as they are. A refusal polls:
+// a person fixing the stream or deleting the other topology ends it.
+func (s *scope) natsRefusal(err error) error {
+	var owned *natsops.OwnedElsewhereError
+	var unsafe *natsops.UnsafeConfigError
+	switch {
+	case errors.As(err, &owned):
+		s.stall = &StallError{Reason: topologyv1.ReasonNATSObjectsOwnedElsewhere, Field: "spec.nats.subjectPrefix",
+			Detail: fmt.Sprintf("%v. Streams and consumers are marked with their topology (metadata %s); give this topology a subject prefix of its own (delete and create it again: the prefix is immutable), or delete the topology that owns them",
+				owned, natsops.OwnerKey),
+			Poll: pollIdle}
+	case errors.As(err, &unsafe):
+		s.stall = &StallError{Reason: topologyv1.ReasonUnsafeNATSConfig, Field: "NATS objects of spec.nats",
+			Detail: unsafe.Error() + ". Fix the objects by hand (these fields cannot be changed safely by the operator); the operator looks again every " + pollIdle.String(),
+			Poll:   pollIdle}
+	default:
+		return err
+	}
+	return s.stall
+}
+
+// persistEnvelope writes s.provisioned to status.provisioned when it
+// covers more than what status holds, before anything beyond is
+// provisioned. Only the envelope is patched; the reconcile's final status
+// patch starts from the object this returns.
+func (s *scope) persistEnvelope(ctx context.Context, r *ShardTopologyReconciler) error {
+	if covers(s.topo.Status.Provisioned, s.provisioned) {
+		return nil
+	}
+	after := s.topo.DeepCopy()
+	p := *s.provisioned
+	after.Status.Provisioned = &p
+	if err := r.Client.Status().Patch(ctx, after, client.MergeFrom(s.topo)); err != nil {
+		return fmt.Errorf("record the provisioned envelope %dx%d in status before provisioning it: %w", p.Partitions, p.ShardsPerPartition, err)
+	}
+	s.topo = after
+	return nil
+}
+
+// covers says whether the recorded envelope holds every unit of want.
+func covers(recorded, want *topologyv1.TopologyShape) bool {
+	if want == nil {
+		return true
+	}
+	return recorded != nil && recorded.Partitions >= want.Partitions && recorded.ShardsPerPartition >= want.ShardsPerPartition
+}
+
+// widenOver widens the envelope over units (consumers found in NATS).
+func (s *scope) widenOver(units []natsops.Unit) {
+	for _, u := range units {
+		s.widen(ownership.Topology{Partitions: u.Partition + 1, Shards: u.Shard + 1})
+	}
+}
+
+// inventoryUnits is every unit consumer of this topology's naming that
+// NATS holds and no other topology owns, whatever N and V are now.
+func (s *scope) inventoryUnits(ctx context.Context) ([]ownership.Unit, error) {
+	ictx, cancel := context.WithTimeout(ctx, natsOpTimeout)
+	defer cancel()
+	units, err := natsops.Inventory(ictx, s.nc, layoutFor(s.topo, s.target()))
+	if err != nil {
+		return nil, fmt.Errorf("list the unit consumers in NATS: %w", err)
+	}
+	out := make([]ownership.Unit, len(units))
+	for i, u := range units {
+		out[i] = ownership.Unit{Partition: u.Partition, Shard: u.Shard}
+	}
+	return out, nil
+}
