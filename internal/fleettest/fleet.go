@@ -52,6 +52,11 @@ type Options struct {
 	// PG, when set, is a running PostgreSQL server to create the fleet's
 	// database on instead of starting one.
 	PG *pgtest.Server
+	// RegistryDSN, when set, is another fleet's database to keep this
+	// fleet's registry in (two topologies sharing one registry). The
+	// fleet's own database still holds its sink (the workers get it as
+	// SINK_DSN), so each fleet's evidence stays its own.
+	RegistryDSN string
 	// SubjectPrefix of the streams (default "shardkeeper"), so fleets
 	// sharing a NATS cluster keep apart.
 	SubjectPrefix string
@@ -89,6 +94,9 @@ type Fleet struct {
 	// DSN reaches the fleet's database directly: the registry, sink and
 	// evidence reads of the test.
 	DSN string
+	// RegistryDSN reaches the database holding the fleet's registry
+	// directly: DSN unless Options.RegistryDSN names another fleet's.
+	RegistryDSN string
 	// ClientDSN is what workers get as REGISTRY_DSN: DSN unless a test
 	// puts something between them and the database (a fault proxy).
 	ClientDSN string
@@ -151,10 +159,14 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 		f.PG = pgtest.New(t)
 	}
 	f.DSN = f.PG.NewTestDatabase(t)
-	f.ClientDSN = f.DSN
+	f.RegistryDSN = f.DSN
+	if o.RegistryDSN != "" {
+		f.RegistryDSN = o.RegistryDSN
+	}
+	f.ClientDSN = f.RegistryDSN
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.DSN})
+	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.RegistryDSN})
 	if err != nil {
 		t.Fatalf("open registry: %v", err)
 	}

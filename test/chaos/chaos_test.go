@@ -42,6 +42,12 @@ type specInput struct {
 	// counts its dead process for up to four minutes, and the census,
 	// failing closed, refuses RESET meanwhile).
 	CleanCensus bool
+	// DefaultPrefix leaves spec.nats.subjectPrefix unset: the topology
+	// uses the prefix the operator derives from its namespace and name.
+	DefaultPrefix bool
+	// RegistryDSN, when set, is another scene's database: the two
+	// topologies share one registry (each keeps its own sink).
+	RegistryDSN string
 	// Act disturbs the running fleet and checks what the scenario
 	// promises beyond the verdict. It marks the disturbance with
 	// s.disturb and s.settle.
