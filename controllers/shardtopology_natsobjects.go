@@ -61,13 +61,20 @@ func (s *scope) persistEnvelope(ctx context.Context, r *ShardTopologyReconciler)
 	if covers(s.topo.Status.Provisioned, s.provisioned) {
 		return nil
 	}
-	after := s.topo.DeepCopy()
+	patched := s.topo.DeepCopy()
 	p := *s.provisioned
-	after.Status.Provisioned = &p
-	if err := r.Client.Status().Patch(ctx, after, client.MergeFrom(s.topo)); err != nil {
+	patched.Status.Provisioned = &p
+	if err := r.Client.Status().Patch(ctx, patched, client.MergeFrom(s.topo)); err != nil {
 		return fmt.Errorf("record the provisioned envelope %dx%d in status before provisioning it: %w", p.Partitions, p.ShardsPerPartition, err)
 	}
-	s.topo = after
+	// Keep the spec and generation this reconcile acts on (a spec that
+	// moved meanwhile is the next reconcile's, and the final status must
+	// not claim to have observed it); take the new resourceVersion, so
+	// the final patch does not conflict with this one.
+	next := s.topo.DeepCopy()
+	next.ResourceVersion = patched.ResourceVersion
+	next.Status.Provisioned = &p
+	s.topo = next
 	return nil
 }
 

@@ -393,7 +393,11 @@ func (s *scope) provision(ctx context.Context, r *ShardTopologyReconciler, t own
 	// operator dies, or this reconcile's final status patch is skipped,
 	// what it created is still covered and retired later. Consumers kept
 	// for the transform's sake are covered too.
-	s.widen(ownership.Topology{Partitions: t.Partitions, Shards: max(t.Shards, routed)})
+	covered := t
+	if l.Assignment == natsops.AssignByTransform {
+		covered.Shards = max(t.Shards, l.RoutedShards())
+	}
+	s.widen(covered)
 	if err := s.persistEnvelope(ctx, r); err != nil {
 		return err
 	}
