@@ -75,8 +75,7 @@ func (f *fleet) consumerNames(stream string) []string {
 func (f *fleet) second(name string) *topologyv1.ShardTopology {
 	f.t.Helper()
 	createStatefulSet(f.t, f.ns, name)
-	t := f.topo.DeepCopy()
-	t.Name = name
+	t := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns}, Spec: *f.topo.Spec.DeepCopy()}
 	t.Spec.Workload.StatefulSetName = name
 	return t
 }
@@ -198,14 +197,18 @@ func TestTheEnvelopeIsRecordedBeforeProvisioningBeyondIt(t *testing.T) {
 	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 2 })
 
 	var failed int
-	broken := interceptor.NewClient(k.(client.WithWatch), interceptor.Funcs{
+	direct, err := client.NewWithWatch(cfg, client.Options{Scheme: k.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := interceptor.NewClient(direct, interceptor.Funcs{
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 			failed++
 			return errors.New("injected: the API server refuses status writes")
 		},
 	})
 	r := &controllers.ShardTopologyReconciler{Client: broken, APIReader: k, Recorder: events.NewFakeRecorder(100)}
-	_, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(f.topo)})
+	_, err = r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(f.topo)})
 	if err == nil || failed == 0 {
 		t.Fatalf("reconcile: %v after %d refused status writes; the fault did not take effect", err, failed)
 	}
