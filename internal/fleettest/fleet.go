@@ -53,10 +53,14 @@ type Options struct {
 	// database on instead of starting one.
 	PG *pgtest.Server
 	// RegistryDSN, when set, is another fleet's database to keep this
-	// fleet's registry in (two topologies sharing one registry). The
-	// fleet's own database still holds its sink (the workers get it as
-	// SINK_DSN), so each fleet's evidence stays its own.
+	// fleet's registry and sink in (two topologies sharing one registry;
+	// the guarded sink must live beside the claims it checks). Give both
+	// fleets a RowPrefix so each reads only its own rows from the shared
+	// sink.
 	RegistryDSN string
+	// RowPrefix starts every row id the fleet's publishers send; the
+	// fleet's sink reads and evidence keep only rows that carry it.
+	RowPrefix string
 	// SubjectPrefix of the streams (default "shardkeeper"), so fleets
 	// sharing a NATS cluster keep apart.
 	SubjectPrefix string
@@ -94,9 +98,6 @@ type Fleet struct {
 	// DSN reaches the fleet's database directly: the registry, sink and
 	// evidence reads of the test.
 	DSN string
-	// RegistryDSN reaches the database holding the fleet's registry
-	// directly: DSN unless Options.RegistryDSN names another fleet's.
-	RegistryDSN string
 	// ClientDSN is what workers get as REGISTRY_DSN: DSN unless a test
 	// puts something between them and the database (a fault proxy).
 	ClientDSN string
@@ -158,15 +159,14 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	if f.PG == nil {
 		f.PG = pgtest.New(t)
 	}
-	f.DSN = f.PG.NewTestDatabase(t)
-	f.RegistryDSN = f.DSN
-	if o.RegistryDSN != "" {
-		f.RegistryDSN = o.RegistryDSN
+	f.DSN = o.RegistryDSN
+	if f.DSN == "" {
+		f.DSN = f.PG.NewTestDatabase(t)
 	}
-	f.ClientDSN = f.RegistryDSN
+	f.ClientDSN = f.DSN
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.RegistryDSN})
+	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.DSN})
 	if err != nil {
 		t.Fatalf("open registry: %v", err)
 	}

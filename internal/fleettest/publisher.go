@@ -61,7 +61,7 @@ func (p *Publisher) run(rate int) {
 		units := p.topo.Units()
 		p.mu.Unlock()
 		u := units[n%len(units)]
-		id := fmt.Sprintf("row-%08d", n)
+		id := fmt.Sprintf("%srow-%08d", p.f.Opts.RowPrefix, n)
 		msg := &nats.Msg{Subject: p.subject(u, id), Header: nats.Header{}, Data: []byte(id)}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -150,7 +150,7 @@ func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, units 
 	futures := make([]jetstream.PubAckFuture, 0, to-from)
 	for i := from; i < to; i++ {
 		u := units[i%len(units)]
-		id := fmt.Sprintf("burst-%08d", i)
+		id := fmt.Sprintf("%sburst-%08d", f.Opts.RowPrefix, i)
 		msg := &nats.Msg{Subject: f.Layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{}}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		fut, err := js.PublishMsgAsync(msg)
@@ -163,9 +163,9 @@ func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, units 
 		i := from + k
 		select {
 		case <-fut.Ok():
-			acked[fmt.Sprintf("burst-%08d", i)] = units[i%len(units)]
+			acked[fmt.Sprintf("%sburst-%08d", f.Opts.RowPrefix, i)] = units[i%len(units)]
 		case err := <-fut.Err():
-			return fmt.Errorf("publish burst-%08d: %w", i, err)
+			return fmt.Errorf("publish %sburst-%08d: %w", f.Opts.RowPrefix, i, err)
 		case <-ctx.Done():
 			return fmt.Errorf("publish burst timed out: %w", ctx.Err())
 		}

@@ -35,21 +35,16 @@ func (f *Fleet) Env(member string) []string {
 	for _, u := range f.NATS.URLs() {
 		urls = append(urls, natstest.UserURL(u, natstest.AppUser, natstest.AppPassword))
 	}
-	var sink []string
-	if f.RegistryDSN != f.DSN {
-		// The registry is shared; the sink is the fleet's own.
-		sink = []string{"SINK_DSN=" + f.DSN}
-	}
-	return append(sink,
-		"SHARDKEEPER_TOPOLOGY="+f.Topology,
-		"POD_NAME="+member,
+	return []string{
+		"SHARDKEEPER_TOPOLOGY=" + f.Topology,
+		"POD_NAME=" + member,
 		// Every server, so a worker starting while one is down connects
 		// to another.
-		"NATS_URL="+strings.Join(urls, ","),
-		"REGISTRY_DSN="+f.ClientDSN,
-		"SUBJECT_PREFIX="+f.Layout.SubjectPrefix,
-		"WORKER_HISTORY_DIR="+f.HistoryDir,
-	)
+		"NATS_URL=" + strings.Join(urls, ","),
+		"REGISTRY_DSN=" + f.ClientDSN,
+		"SUBJECT_PREFIX=" + f.Layout.SubjectPrefix,
+		"WORKER_HISTORY_DIR=" + f.HistoryDir,
+	}
 }
 
 // StartWorker starts a reference worker process named member.

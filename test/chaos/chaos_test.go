@@ -45,8 +45,11 @@ type specInput struct {
 	// DefaultPrefix leaves spec.nats.subjectPrefix unset: the topology
 	// uses the prefix the operator derives from its namespace and name.
 	DefaultPrefix bool
-	// RegistryDSN, when set, is another scene's database: the two
-	// topologies share one registry (each keeps its own sink).
+	// SharesRegistry: the scene's registry database (and so the sink
+	// table beside it) is shared with another scene; its rows carry its
+	// id so each judges only its own.
+	SharesRegistry bool
+	// RegistryDSN, when set, is the other scene's database to share.
 	RegistryDSN string
 	// Act disturbs the running fleet and checks what the scenario
 	// promises beyond the verdict. It marks the disturbance with

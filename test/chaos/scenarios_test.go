@@ -56,10 +56,10 @@ func scenarios() []specInput {
 	}
 }
 
-// shared gives scenario 13 the default subject prefix (its neighbour has
-// it too).
+// shared gives scenario 13 the default subject prefix and a registry it
+// shares with its neighbour (which has both too).
 func shared(in specInput) specInput {
-	in.DefaultPrefix = true
+	in.DefaultPrefix, in.SharesRegistry = true, true
 	return in
 }
 

@@ -110,14 +110,19 @@ func newScene(t *testing.T, inf *infra, in specInput) *scene {
 	if in.DefaultPrefix {
 		prefix = topologyv1.DefaultSubjectPrefixFor(s.ns, "ingest")
 	}
+	rowPrefix := ""
+	if in.SharesRegistry {
+		// One sink table for both scenes: each reads only its own rows.
+		rowPrefix = id + "-"
+	}
 	s.fleet = fleettest.StartInfra(t, fleettest.Options{
 		Partitions: in.From.Partitions, Shards: in.From.Shards, Params: s.params,
 		AckWait: in.ackWait(), DrainTimeout: drainTimeout, Topology: s.ns + "/ingest",
-		NATS: natsView{t: t, c: inf.nats}, PG: inf.pg, SubjectPrefix: prefix, RegistryDSN: in.RegistryDSN,
+		NATS: natsView{t: t, c: inf.nats}, PG: inf.pg, SubjectPrefix: prefix, RegistryDSN: in.RegistryDSN, RowPrefix: rowPrefix,
 		Assignment: natsops.ShardAssignment(in.Assignment),
 	})
 	s.proxy = faultproxy.New(t, fmt.Sprintf("127.0.0.1:%d", inf.pg.Port))
-	s.fleet.ClientDSN = viaProxy(t, s.fleet.RegistryDSN, s.proxy.Addr())
+	s.fleet.ClientDSN = viaProxy(t, s.fleet.DSN, s.proxy.Addr())
 	ctx := context.Background()
 	if err := inf.k.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}); err != nil {
 		t.Fatal(err)

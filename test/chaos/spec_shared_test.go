@@ -25,11 +25,14 @@ import (
 // (namespace chaos-13b, same NATS account, the scenario's registry
 // database), checks that the two got streams of their own marked with
 // their owners, ends the second fleet's traffic and judges it, then
-// changes the first to `to` while the second is deleted.
+// changes the first to `to` while the second is deleted. The registry
+// database holds both topologies' claims and, beside them, the one sink
+// table the reference workers write behind the claim guard; each scene
+// judges only its own rows (its scene id starts their ids).
 func sharedAccountAndRegistry(to ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		other := newScene(s.t, s.in, specInput{ID: "13b", Name: "the deleted neighbour", From: shape(2, 4), Replicas: 2, Rate: 40,
-			DefaultPrefix: true, RegistryDSN: s.fleet.DSN})
+			DefaultPrefix: true, SharesRegistry: true, RegistryDSN: s.fleet.DSN})
 		for _, sc := range []*scene{s, other} {
 			sc.expectOwnStreams()
 		}
