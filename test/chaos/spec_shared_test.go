@@ -40,8 +40,12 @@ func sharedAccountAndRegistry(to ownership.Topology) func(*scene) {
 			s.t.Fatalf("both topologies use subject prefix %q", s.fleet.Layout.SubjectPrefix)
 		}
 
-		// The neighbour's end: its publishers stop, every row is
-		// delivered, and its own verdict is judged before it goes.
+		// The change starts while the neighbour still publishes; once the
+		// new epoch is active the neighbour ends: its publishers stop,
+		// every row is delivered and judged, then it is deleted, while
+		// the first topology claims and retires.
+		s.setShape(to)
+		s.awaitRegistry("epoch "+to.String()+" active", 2*time.Minute, activeIs(to))
 		published := other.stopTraffic()
 		v, _, err := other.fleet.Verdict(published, 3*time.Minute, false)
 		switch {
@@ -54,9 +58,6 @@ func sharedAccountAndRegistry(to ownership.Topology) func(*scene) {
 		}
 		s.note("neighbour verdict: %d published, %d lost, %d overlapping windows, %d stale acks, %d unexplained duplicates",
 			v.Published, v.Lost, v.OverlappingWindows, v.StaleAcks, v.DupUnexplained)
-
-		// The change and the deletion at once.
-		s.setShape(to)
 		other.deleteTopology()
 		other.awaitGone(3 * time.Minute)
 		s.settle()
