@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jsm.go/api"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
@@ -218,4 +219,66 @@ func TestProvisionReportsTheConsumersOfOrphanStreams(t *testing.T) {
 	if inv, err := Inventory(testContext(t, 10*time.Second), nc, other); err != nil || len(inv) != 0 {
 		t.Fatalf("inventory of another owner %v (%v), want nothing", inv, err)
 	}
+}
+
+// Rows no unit consumer will deliver are counted and named: a subject
+// with no token after the shard, and rows of a retired unit published
+// after it left. Rows the retired consumer delivered are not.
+// checks P3
+func TestStrandedRowsCountsRowsNoUnitConsumerDelivers(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	nc := c.Connect(0)
+	js := mustJetStream(t, nc)
+	l := testLayout(1, 2, 1)
+	l.Owner = Owner{Name: "team-a/ingest", UID: "uid-a"}
+	mustProvision(t, nc, l)
+	ctx := testContext(t, 30*time.Second)
+
+	if st, err := StrandedRows(ctx, nc, l); err != nil || st.Rows != 0 {
+		t.Fatalf("fresh topology: %+v (%v), want nothing stranded", st, err)
+	}
+	for range 3 {
+		if _, err := js.Publish(ctx, l.SubjectPrefix+".ingest.0.1", []byte("no suffix")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Unit 0.1 delivers two rows and leaves (V 2 -> 1); publishers go on
+	// sending it four.
+	publishShard(t, js, l, 0, 1, 2)
+	for _, m := range fetchNoAck(t, js, l, 0, 1, 2) {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if retired, holding, err := RetireConsumers(ctx, nc, l, []Unit{{0, 1}}); err != nil || len(retired) != 1 || len(holding) != 0 {
+		t.Fatalf("retire unit 0.1: retired %v holding %v err %v", retired, holding, err)
+	}
+	publishShard(t, js, l, 0, 1, 4)
+
+	st, err := StrandedRows(ctx, nc, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(st.Where)
+	if st.Rows != 7 || len(st.Where) != 2 || !strings.Contains(st.Where[0], "unit 0.1 (retired): 4 rows") || !strings.Contains(st.Where[1], "subject "+l.SubjectPrefix+".ingest.0.1 (no token after the shard): 3 rows") {
+		t.Fatalf("stranded %+v, want 4 rows of retired unit 0.1 and 3 rows without a token after the shard", st)
+	}
+	if names := mustConsumerNames(t, js, l.StreamName(0)); !slices.Equal(names, []string{l.ConsumerDurable(0, 0)}) {
+		t.Fatalf("consumers %v after counting: the probes must go", names)
+	}
+}
+
+func mustConsumerNames(t testing.TB, js jetstream.JetStream, stream string) []string {
+	t.Helper()
+	st, err := js.Stream(testContext(t, 5*time.Second), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	lister := st.ConsumerNames(testContext(t, 5*time.Second))
+	for n := range lister.Name() {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }
