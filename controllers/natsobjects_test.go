@@ -363,3 +363,43 @@ func updateStream(ctx context.Context, js jetstream.JetStream, name string, muta
 	_, err = js.UpdateStream(ctx, cfg)
 	return err
 }
+
+// Rows no unit consumer will deliver show in status, in the metric and in
+// a Warning Event. Before, a row sent to <prefix>.ingest.<p>.<s> was
+// stored, never delivered, and shown nowhere.
+// checks P3, P7
+func TestStrandedRowsShowInStatusAndMetric(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	op := startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+	js, err := jetstream.New(f.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for range 3 {
+		if _, err := js.Publish(ctx, "shardkeeper.ingest.0.1", []byte("no token after the shard")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The count runs with the drift check: after every operator start.
+	op.stop()
+	startOperator(t, f.ns)
+	st := f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if sr := o.Status.StrandedRows; sr == nil || sr.Rows != 3 {
+			return fmt.Errorf("status.strandedRows %+v, want 3 rows", sr)
+		}
+		return nil
+	})
+	if w := st.Status.StrandedRows.Where; len(w) != 1 || !strings.Contains(w[0], "subject shardkeeper.ingest.0.1") {
+		t.Fatalf("status.strandedRows.where %v does not name the subject", w)
+	}
+	if v, ok := metricValue(t, "shardkeeper_topology_stranded_rows", map[string]string{"namespace": f.ns, "name": "ingest"}); !ok || v != 3 {
+		t.Fatalf("shardkeeper_topology_stranded_rows = %v (present %t), want 3", v, ok)
+	}
+	waitEvent(t, f.ns, "RowsStranded", "3 rows")
+}

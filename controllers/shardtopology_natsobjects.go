@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
@@ -107,4 +109,28 @@ func (s *scope) inventoryUnits(ctx context.Context) ([]ownership.Unit, error) {
 		out[i] = ownership.Unit{Partition: u.Partition, Shard: u.Shard}
 	}
 	return out, nil
+}
+
+// maxStrandedPlaces bounds status.strandedRows.where.
+const maxStrandedPlaces = 5
+
+// countStranded counts the rows the topology's streams hold where no unit
+// consumer will deliver them, for status and the metric, and says so in a
+// Warning Event when the count changed. A count that fails leaves the last
+// one in status (its checkedAt says how old it is) and is logged: it
+// informs, it decides nothing.
+func (s *scope) countStranded(ctx context.Context, r *ShardTopologyReconciler, active ownership.Topology) {
+	cctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
+	defer cancel()
+	st, err := natsops.StrandedRows(cctx, s.nc, layoutFor(s.topo, active))
+	if err != nil {
+		log.FromContext(ctx).Info("Counting stranded rows failed", "error", err.Error())
+		return
+	}
+	s.stranded = &topologyv1.StrandedRowsStatus{Rows: int64(st.Rows), Where: st.Where[:min(len(st.Where), maxStrandedPlaces)], CheckedAt: metav1.NewTime(s.now)}
+	if prev := s.topo.Status.StrandedRows; st.Rows > 0 && (prev == nil || prev.Rows != int64(st.Rows)) {
+		r.event(s, eventWarning, "RowsStranded", "Provision",
+			"%d rows are stored where no unit consumer will deliver them (publish to <prefix>.ingest.<p>.<s>.<key> of the active epoch; README, Publishing rows): %s",
+			st.Rows, firstN(st.Where, 3))
+	}
 }

@@ -85,6 +85,8 @@ type scope struct {
 	// reconcile; retiringLeft are those it kept (claimed or holding rows).
 	retireRan    bool
 	retiringLeft []ownership.Unit
+	// stranded is the count of stranded rows taken this reconcile.
+	stranded *topologyv1.StrandedRowsStatus
 }
 
 func newScope(t *topologyv1.ShardTopology, now time.Time) *scope {
@@ -118,6 +120,7 @@ func (s *scope) observation(err error) observation {
 		roll:        s.roll,
 		provisioned: s.provisioned,
 		spec:        s.topo.Spec.Shape(),
+		stranded:    s.stranded,
 	}
 	o.retiring = len(s.retiringSet())
 	var stall *StallError

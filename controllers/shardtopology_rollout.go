@@ -693,8 +693,13 @@ func keepProvisioned(ctx context.Context, r *ShardTopologyReconciler, s *scope, 
 		// Not Ready until workers own every unit: look again soon.
 		res.RequeueAfter = 2 * pollFast
 	}
+	due := !r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(s.topo, epochTopology(w.active))), s.now, reprovisionEvery)
 	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
 		return ctrl.Result{}, err
+	}
+	if due {
+		// As often as the drift check: each retired unit costs a probe.
+		s.countStranded(ctx, r, epochTopology(w.active))
 	}
 	if len(s.unitsToRetire(epochTopology(w.active))) > 0 {
 		// Provision found consumers outside the active shape (the

@@ -36,6 +36,9 @@ type observation struct {
 	roll rollReport
 	// provisioned is the envelope of consumers provisioned and not retired.
 	provisioned *topologyv1.TopologyShape
+	// stranded is this reconcile's count of stranded rows; nil when it
+	// did not count (status keeps the last count).
+	stranded *topologyv1.StrandedRowsStatus
 	// retiring counts units outside the active epoch whose consumers exist.
 	retiring int
 }
@@ -79,6 +82,9 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 	st := *t.Status.DeepCopy()
 	set := conditionSetter(&st, t.Generation, now)
 	st.SubjectPrefix = t.SubjectPrefix()
+	if o.stranded != nil {
+		st.StrandedRows = o.stranded.DeepCopy()
+	}
 
 	held := o.change.held || o.roll.held
 	setPaused(set, o.paused, held, o.change.message, o.roll.message)

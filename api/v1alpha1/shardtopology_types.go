@@ -764,6 +764,23 @@ type RolloutStatus struct {
 	Pods []PodRollStatus `json:"pods,omitempty"`
 }
 
+// StrandedRowsStatus is what the topology's streams hold where no unit
+// consumer will deliver it: rows sent to <prefix>.ingest.<p>.<s> with no
+// token after the shard, and rows of a unit that a change removed,
+// published after its consumer was retired. The operator checks after
+// every provisioning of the active shape (each operator start and every
+// 10 minutes).
+type StrandedRowsStatus struct {
+	// Rows is how many rows are stranded.
+	Rows int64 `json:"rows"`
+	// Where names up to five places holding some, largest first.
+	// +optional
+	// +listType=atomic
+	Where []string `json:"where,omitempty"`
+	// CheckedAt is when the operator counted them.
+	CheckedAt metav1.Time `json:"checkedAt"`
+}
+
 // ShardTopologyStatus is what the operator observed, as of
 // observedGeneration.
 type ShardTopologyStatus struct {
@@ -799,6 +816,11 @@ type ShardTopologyStatus struct {
 	// derived from the namespace and name when it is unset.
 	// +optional
 	SubjectPrefix string `json:"subjectPrefix,omitempty"`
+
+	// StrandedRows counts the rows the topology's streams hold where no
+	// unit consumer will ever deliver them, as of its last check.
+	// +optional
+	StrandedRows *StrandedRowsStatus `json:"strandedRows,omitempty"`
 
 	// Provisioned is the smallest N x V covering every unit consumer the
 	// operator created and has not retired yet. Units inside it but outside
