@@ -21,6 +21,7 @@ import (
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/controllers"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/pkg/publish"
 )
 
 // streamMeta reads a stream's metadata, nil when the stream is absent.
@@ -402,4 +403,49 @@ func TestStrandedRowsShowInStatusAndMetric(t *testing.T) {
 		t.Fatalf("shardkeeper_topology_stranded_rows = %v (present %t), want 3", v, ok)
 	}
 	waitEvent(t, f.ns, "RowsStranded", "3 rows")
+}
+
+// Under Publisher assignment the units a change removed are retired only
+// once every publisher acknowledged the active epoch: a publisher still on
+// the old epoch may send rows to them. Before, Retire deleted the drained
+// consumers at once, and the old epoch's publishers stranded their rows.
+// checks P3
+func TestRetireWaitsForPublishersToAcknowledgeTheActiveEpoch(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+	js, err := jetstream.New(f.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := publish.Acknowledge(ctx, js, "shardkeeper", "orders-api", 1); err != nil {
+		t.Fatal(err)
+	}
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 1 })
+	f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if r := o.Status.Rollout; r == nil || r.Step != topologyv1.StepRetire || !strings.Contains(r.Message, "still on an older epoch: orders-api (epoch 1)") {
+			return errors.New("not waiting at Retire for publisher orders-api")
+		}
+		return nil
+	})
+	consistently(t, 3*time.Second, func() error {
+		if names := f.consumerNames("SHARDKEEPER_INGEST_0"); !slices.Contains(names, "ingest_0_1") {
+			return fmt.Errorf("the leaving unit's consumer was retired while publisher orders-api publishes to epoch 1: %v", names)
+		}
+		return nil
+	})
+
+	if err := publish.Acknowledge(ctx, js, "shardkeeper", "orders-api", 2); err != nil {
+		t.Fatal(err)
+	}
+	f.waitReady(60 * time.Second)
+	if names := f.consumerNames("SHARDKEEPER_INGEST_0"); !slices.Equal(names, []string{"ingest_0_0"}) {
+		t.Fatalf("consumers %v after the publisher moved, want only ingest_0_0", names)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -12,6 +13,7 @@ import (
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
 // The topology's NATS objects: who owns them, what was ever provisioned,
@@ -133,4 +135,30 @@ func (s *scope) countStranded(ctx context.Context, r *ShardTopologyReconciler, a
 			"%d rows are stored where no unit consumer will deliver them (publish to <prefix>.ingest.<p>.<s>.<key> of the active epoch; README, Publishing rows): %s",
 			st.Rows, firstN(st.Where, 3))
 	}
+}
+
+// publishersBehind lists the publishers (pkg/publish.Acknowledge) whose
+// latest acknowledgement names an epoch older than active, under
+// shardAssignment Publisher: until they move, they may send rows to units
+// that left, and retiring those units' consumers would strand the rows
+// (the retire step waits). Under SubjectTransform the stream routes, and
+// the transform moved at activation: nobody is waited for.
+func (s *scope) publishersBehind(ctx context.Context, active *poolctl.Epoch) ([]string, error) {
+	if s.topo.Spec.NATS.ShardAssignment == topologyv1.ShardAssignmentSubjectTransform {
+		return nil, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
+	defer cancel()
+	epochs, err := natsops.PublisherEpochs(pctx, s.nc, layoutFor(s.topo, epochTopology(active)))
+	if err != nil {
+		return nil, fmt.Errorf("read the publishers' acknowledged epochs: %w", err)
+	}
+	var behind []string
+	for name, e := range epochs {
+		if e < active.Number {
+			behind = append(behind, fmt.Sprintf("%s (epoch %d)", name, e))
+		}
+	}
+	slices.Sort(behind)
+	return behind, nil
 }

@@ -598,6 +598,14 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
 		return ctrl.Result{}, err
 	}
+	if behind, err := s.publishersBehind(ctx, w.active); err != nil || len(behind) > 0 {
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		s.change.message = fmt.Sprintf("%d units that left are retired once every publisher publishes to epoch %d; still on an older epoch: %s",
+			len(w.retire), w.active.Number, firstN(behind, 4))
+		return ctrl.Result{RequeueAfter: pollFast}, nil
+	}
 	var free, keptUnits []ownership.Unit
 	var held []string
 	for _, u := range w.retire {

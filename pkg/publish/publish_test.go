@@ -123,3 +123,35 @@ func TestFromStatusFollowsTheActiveEpoch(t *testing.T) {
 		t.Fatalf("topology %+v, want the active epoch's 4x2 under the default prefix", top)
 	}
 }
+
+// What a publisher acknowledges is what the operator reads: the bucket
+// names agree, and a publisher's latest epoch wins.
+func TestAcknowledgedEpochsAreWhatTheOperatorReads(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	nc := c.Connect(0)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := natsops.Layout{SubjectPrefix: "team-a_ingest"}
+	if got, err := natsops.PublisherEpochs(ctx, nc, l); err != nil || len(got) != 0 {
+		t.Fatalf("before any acknowledgement: %v (%v), want none", got, err)
+	}
+	for _, a := range []struct {
+		name  string
+		epoch int64
+	}{{"api-1", 1}, {"api-2", 1}, {"api-1", 2}} {
+		if err := publish.Acknowledge(ctx, js, "team-a_ingest", a.name, a.epoch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := natsops.PublisherEpochs(ctx, nc, l)
+	if err != nil || len(got) != 2 || got["api-1"] != 2 || got["api-2"] != 1 {
+		t.Fatalf("publisher epochs %v (%v), want api-1 at 2 and api-2 at 1", got, err)
+	}
+	if err := publish.Acknowledge(ctx, js, "team-a_ingest", "not.one.token", 2); err == nil {
+		t.Fatal("a publisher name with dots was accepted")
+	}
+}
