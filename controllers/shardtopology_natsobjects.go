@@ -129,7 +129,11 @@ func (s *scope) countStranded(ctx context.Context, r *ShardTopologyReconciler, a
 		log.FromContext(ctx).Info("Counting stranded rows failed", "error", err.Error())
 		return
 	}
-	s.stranded = &topologyv1.StrandedRowsStatus{Rows: int64(st.Rows), Where: st.Where[:min(len(st.Where), maxStrandedPlaces)], CheckedAt: metav1.NewTime(s.now)}
+	where := st.Where[:min(len(st.Where), maxStrandedPlaces)]
+	if st.Unchecked > 0 {
+		where = append(where, fmt.Sprintf("%d retired units not checked (at most 256 per check)", st.Unchecked))
+	}
+	s.stranded = &topologyv1.StrandedRowsStatus{Rows: int64(st.Rows), Where: where, CheckedAt: metav1.NewTime(s.now)}
 	if prev := s.topo.Status.StrandedRows; st.Rows > 0 && (prev == nil || prev.Rows != int64(st.Rows)) {
 		r.event(s, eventWarning, "RowsStranded", "Provision",
 			"%d rows are stored where no unit consumer will deliver them (publish to <prefix>.ingest.<p>.<s>.<key> of the active epoch; README, Publishing rows): %s",

@@ -22,7 +22,13 @@ type Stranded struct {
 	// Where names each place holding some, largest first: "stream S
 	// subject X" or "stream S unit p.s (retired)", with its count.
 	Where []string
+	// Unchecked is how many retired units were not probed (beyond
+	// maxStrandedProbes); their rows are not in Rows.
+	Unchecked int
 }
+
+// maxStrandedProbes bounds the probe consumers one StrandedRows creates.
+const maxStrandedProbes = 256
 
 // StrandedRows counts, on every stream of the layout's naming that no
 // other topology owns (partitions below and beyond N), the rows no unit
@@ -37,7 +43,9 @@ type Stranded struct {
 //
 // Rows of a unit that never had a consumer under these names are not
 // seen. It costs one stream info request per stream and one short-lived
-// probe consumer per retired unit without a consumer.
+// probe consumer per retired unit without a consumer, at most
+// maxStrandedProbes of them per call (a large scale-down leaves thousands):
+// Unchecked counts the retired units left out.
 func StrandedRows(ctx context.Context, nc *nats.Conn, l Layout) (Stranded, error) {
 	var out Stranded
 	mgr, err := manager(ctx, nc)
@@ -57,6 +65,7 @@ func StrandedRows(ctx context.Context, nc *nats.Conn, l Layout) (Stranded, error
 		rows uint64
 	}
 	var places []place
+	probes := 0
 	prefix := strings.TrimSuffix(l.StreamName(0), "0")
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, prefix)
@@ -96,6 +105,11 @@ func StrandedRows(ctx context.Context, nc *nats.Conn, l Layout) (Stranded, error
 			if !ok || slices.Contains(consumers, durable) {
 				continue
 			}
+			if probes == maxStrandedProbes {
+				out.Unchecked++
+				continue
+			}
+			probes++
 			n, err := countFrom(ctx, js, name, l.FilterSubject(p, s), resumePoint(cfg.Metadata, durable))
 			if err != nil {
 				return out, err
