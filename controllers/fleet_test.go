@@ -108,7 +108,10 @@ func newFleet(t *testing.T, in fleetInput) *fleet {
 			Partitions:         in.partitions,
 			ShardsPerPartition: in.shards,
 			NATS: topologyv1.NATSSpec{
-				URLs:                       f.nats.URLs(),
+				URLs: f.nats.URLs(),
+				// Each fleet has its own NATS cluster; the helpers below
+				// name its streams with this prefix.
+				SubjectPrefix:              "shardkeeper",
 				CredentialsSecretRef:       &topologyv1.SecretKeyRef{Name: "nats", Key: "app"},
 				SystemCredentialsSecretRef: &topologyv1.SecretKeyRef{Name: "nats", Key: "sys"},
 				Replicas:                   int32(in.replicas),

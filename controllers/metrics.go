@@ -86,6 +86,8 @@ var (
 		Name: "shardkeeper_takeover_reset_blocked",
 		Help: "1 for the reason the operator currently refuses RESET-based takeover (takeovers then wait for ack_wait), 0 for the others.",
 	}, []string{"namespace", "name", "reason"})
+	strandedRowsGauge = topologyGauge("shardkeeper_topology_stranded_rows",
+		"Rows the topology's streams hold where no unit consumer will deliver them (status.strandedRows), as of the operator's last check.")
 	resetDenialsCounter = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shardkeeper_reset_permission_denials_total",
 		Help: "RESET permissions published that refused RESET-based takeover, by reason.",
@@ -118,7 +120,7 @@ var allPhases = []topologyv1.Phase{
 var gaugeVecs = []*prometheus.GaugeVec{
 	unitsGauge, unitsMultiplyOwnedGauge, unitsRetiringGauge, podsDoneGauge, podsTotalGauge, unitsMovedGauge, unitsToMoveGauge,
 	censusBelowFloorGauge, censusTimestampGauge, resetAllowedGauge, membersGauge, phaseGauge, conditionGauge, epochGauge, rolloutStepGauge,
-	censusServerGauge, censusMinVersionGauge, resetBlockedGauge,
+	censusServerGauge, censusMinVersionGauge, resetBlockedGauge, strandedRowsGauge,
 }
 
 // Collectors returns every collector the operator registers, so a test can
@@ -191,6 +193,9 @@ func recordStatusMetrics(key types.NamespacedName, st *topologyv1.ShardTopologyS
 		// ShardTopologyCensusStale fires; an absent series matched no
 		// alert.
 		censusTimestampGauge.WithLabelValues(ns, name).Set(0)
+	}
+	if sr := st.StrandedRows; sr != nil {
+		strandedRowsGauge.WithLabelValues(ns, name).Set(float64(sr.Rows))
 	}
 	if c := st.Census; c != nil && c.MinVersion != "" {
 		censusMinVersionGauge.DeletePartialMatch(topo)

@@ -139,11 +139,11 @@ func (s *scope) censusConsumers() []natsops.ConsumerRef {
 	}
 	switch {
 	case s.snap == nil || (s.snap.Active == nil && s.snap.Pending == nil):
-		add(layoutFor(&s.topo.Spec, s.target()))
+		add(layoutFor(s.topo, s.target()))
 	default:
 		for _, e := range []*poolctl.Epoch{s.snap.Active, s.snap.Pending} {
 			if e != nil {
-				add(layoutFor(&s.topo.Spec, epochTopology(e)))
+				add(layoutFor(s.topo, epochTopology(e)))
 			}
 		}
 	}
@@ -196,7 +196,7 @@ func (s *scope) pendingRows(c *natsops.Census) *pendingRows {
 		return nil
 	}
 	active := epochTopology(s.snap.Active)
-	l := layoutFor(&s.topo.Spec, active)
+	l := layoutFor(s.topo, active)
 	// An index, not c.Consumer per unit: that scans every placement, which
 	// at 4096 units made this loop quadratic.
 	found := make(map[natsops.ConsumerRef]uint64, len(c.Consumers))

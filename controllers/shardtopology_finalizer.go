@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -13,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
@@ -25,7 +27,11 @@ import (
 //     (phase Deleting) and names what to do;
 //   - refuses RESET in the registry, for any worker still around;
 //   - deletes the unit consumers that are drained (nothing pending, nothing
-//     unacknowledged). A consumer that still holds rows is KEPT, with its
+//     unacknowledged): those of the provisioned envelope, the epochs and
+//     the spec, and every unit consumer NATS holds under this topology's
+//     names and owner mark (natsops.Inventory), so a consumer no record
+//     names is not left behind. Consumers another topology owns are never
+//     deleted; a Warning Event names them and their owner. A consumer that still holds rows is KEPT, with its
 //     ack floor, so that a ShardTopology of the same name picks it up where
 //     it stopped; an Event names the consumers kept;
 //   - KEEPS every stream: a stream holds the rows themselves, and deleting
@@ -104,8 +110,21 @@ func (r *ShardTopologyReconciler) finalize(ctx context.Context, s *scope) (final
 		}
 	}
 
-	units := s.finalizerUnits()
+	// What status and the registry remember, and what NATS holds of this
+	// topology's naming and ownership: a change abandoned after it
+	// provisioned may have left consumers no record names.
+	found, err := s.inventoryUnits(ctx)
+	if err != nil {
+		return finalizeResult{waiting: err.Error()}, ctrl.Result{}, err
+	}
+	units := unionUnits(s.finalizerUnits(), found)
 	retired, holding, err := s.retireConsumers(ctx, units)
+	var owned *natsops.OwnedElsewhereError
+	if errors.As(err, &owned) {
+		// Not this topology's to delete: leave them, say whose they are.
+		r.event(s, eventWarning, topologyv1.ReasonNATSObjectsOwnedElsewhere, "Delete", "%v", owned)
+		err = nil
+	}
 	if err != nil {
 		return finalizeResult{waiting: err.Error()}, ctrl.Result{}, err
 	}
@@ -122,7 +141,7 @@ func (r *ShardTopologyReconciler) finalize(ctx context.Context, s *scope) (final
 	}
 	r.event(s, eventNormal, "StreamsKept", "Delete",
 		"streams %s_INGEST_* are kept: they hold the rows, and deleting a stream drops them; delete them by hand when the rows are no longer needed",
-		strings.ToUpper(t.Spec.NATS.SubjectPrefixOrDefault()))
+		strings.ToUpper(t.SubjectPrefix()))
 	if s.snap != nil {
 		r.event(s, eventNormal, "RegistryRowsKept", "Delete",
 			"registry rows of topology %s are kept: fencing epochs and incarnations must never go back if a ShardTopology of this name returns", s.registryKey())
@@ -222,6 +241,13 @@ func (r *ShardTopologyReconciler) reconcileDelete(ctx context.Context, t *topolo
 		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
 	return ctrl.Result{}, nil
+}
+
+// unionUnits is a and b without repeats, sorted.
+func unionUnits(a, b []ownership.Unit) []ownership.Unit {
+	out := slices.Concat(a, b)
+	slices.SortFunc(out, ownership.CompareUnits)
+	return slices.Compact(out)
 }
 
 func isUnknownTopology(err error) bool {

@@ -85,6 +85,8 @@ type scope struct {
 	// reconcile; retiringLeft are those it kept (claimed or holding rows).
 	retireRan    bool
 	retiringLeft []ownership.Unit
+	// stranded is the count of stranded rows taken this reconcile.
+	stranded *topologyv1.StrandedRowsStatus
 }
 
 func newScope(t *topologyv1.ShardTopology, now time.Time) *scope {
@@ -119,6 +121,7 @@ func (s *scope) observation(err error) observation {
 		provisioned: s.provisioned,
 		spec:        s.topo.Spec.Shape(),
 		workload:    workloadOf(s.sts),
+		stranded:    s.stranded,
 	}
 	o.retiring = len(s.retiringSet())
 	var stall *StallError
@@ -177,6 +180,11 @@ func runSteps(ctx context.Context, r *ShardTopologyReconciler, s *scope, steps [
 	var result ctrl.Result
 	for _, st := range steps {
 		res, err := st.run(ctx, r, s)
+		if stall := (*StallError)(nil); err != nil && s.stall != nil && errors.As(err, &stall) {
+			// A step deep in an action stalled (a NATS refusal): the
+			// stall below ends the pass, not an error's backoff.
+			err = nil
+		}
 		if err != nil {
 			s.failedStep = st.name
 			return ctrl.Result{}, fmt.Errorf("%s: %w", st.name, err)
@@ -304,9 +312,10 @@ func leaseParams(r *topologyv1.RolloutSpec) poolctl.Params {
 // registryParams are the parameters the registry holds for the spec's
 // workers: the lease parameters, and the naming and drain timeout they
 // read beside their lease.
-func registryParams(spec *topologyv1.ShardTopologySpec) poolctl.Params {
+func registryParams(t *topologyv1.ShardTopology) poolctl.Params {
+	spec := &t.Spec
 	p := leaseParams(&spec.Rollout)
-	p.Worker = poolctl.WorkerSettings{SubjectPrefix: spec.NATS.SubjectPrefixOrDefault(), ConsumerName: spec.NATS.ConsumerNameOrDefault(),
+	p.Worker = poolctl.WorkerSettings{SubjectPrefix: t.SubjectPrefix(), ConsumerName: spec.NATS.ConsumerNameOrDefault(),
 		DrainTimeout: spec.Rollout.DrainTimeoutOrDefault()}
 	return p
 }
@@ -315,7 +324,7 @@ func registryParams(spec *topologyv1.ShardTopologySpec) poolctl.Params {
 // The CRD's rules make this unreachable through the API server; objects
 // stored before a rule existed still get a clear answer.
 func checkLeaseParams(_ context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
-	p := registryParams(&s.topo.Spec)
+	p := registryParams(s.topo)
 	if err := p.Validate(); err != nil {
 		s.stall = &StallError{Reason: topologyv1.ReasonInvalidSpec, Field: "spec.rollout.leaseTTL/spec.rollout.renewInterval",
 			Detail: fmt.Sprintf("lease TTL %s with renew interval %s gives lease parameters the registry refuses: %v; keep renewInterval at most half of leaseTTL",
@@ -449,11 +458,14 @@ func report(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Res
 	return ctrl.Result{RequeueAfter: pollIdle}, nil
 }
 
-// layoutFor is what the spec asks of NATS for an N x V shape.
-func layoutFor(spec *topologyv1.ShardTopologySpec, t ownership.Topology) natsops.Layout {
-	n := &spec.NATS
+// layoutFor is what the topology asks of NATS for an N x V shape: its
+// names, and its identity as the owner every stream and consumer is marked
+// with.
+func layoutFor(topo *topologyv1.ShardTopology, t ownership.Topology) natsops.Layout {
+	n := &topo.Spec.NATS
 	return natsops.Layout{
-		SubjectPrefix: n.SubjectPrefixOrDefault(),
+		Owner:         natsops.Owner{Name: topo.RegistryKey(), UID: string(topo.UID)},
+		SubjectPrefix: topo.SubjectPrefix(),
 		ConsumerName:  n.ConsumerNameOrDefault(),
 		Partitions:    t.Partitions,
 		Shards:        t.Shards,

@@ -389,21 +389,38 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 func (s *scope) provision(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology, routed int) error {
 	pctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
-	l := layoutFor(&s.topo.Spec, t)
+	l := layoutFor(s.topo, t)
 	l.TransformShards = routed
-	// Widen first: if Provision fails half way, what it created is still
-	// covered by the envelope and retired later. Consumers kept for the
-	// transform's sake are Provision's orphans.
-	s.widen(t)
+	// Widen first, and write the envelope to status before Provision
+	// creates anything beyond it: if Provision fails half way, or the
+	// operator dies, or this reconcile's final status patch is skipped,
+	// what it created is still covered and retired later. Consumers kept
+	// for the transform's sake are covered too.
+	covered := t
+	if l.Assignment == natsops.AssignByTransform {
+		covered.Shards = max(t.Shards, l.RoutedShards())
+	}
+	s.widen(covered)
+	if err := s.persistEnvelope(ctx, r); err != nil {
+		return err
+	}
 	rep, err := natsops.Provision(pctx, s.nc, l)
+	if rep != nil {
+		// Orphans (shards beyond V, every consumer of a stream beyond N)
+		// are found in NATS whatever the envelope remembered.
+		s.widenOver(rep.Orphans)
+	}
 	if err != nil {
 		r.conns().forgetProvisioned(s.key)
+		if refusal := s.natsRefusal(err); refusal != err {
+			return refusal
+		}
 		return fmt.Errorf("provision %s: %w", t, err)
 	}
-	r.conns().markProvisioned(s.key, provisionedKey(l), s.now)
-	for _, u := range rep.Orphans {
-		s.widen(ownership.Topology{Partitions: u.Partition + 1, Shards: u.Shard + 1})
+	if err := s.persistEnvelope(ctx, r); err != nil {
+		return err
 	}
+	r.conns().markProvisioned(s.key, provisionedKey(l), s.now)
 	var unsafe []string
 	for _, f := range rep.Findings {
 		if !f.Updated {
@@ -584,6 +601,14 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
 		return ctrl.Result{}, err
 	}
+	if behind, err := s.publishersBehind(ctx, w.active); err != nil || len(behind) > 0 {
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		s.change.message = fmt.Sprintf("%d units that left are retired once every publisher publishes to epoch %d; still on an older epoch: %s",
+			len(w.retire), w.active.Number, firstN(behind, 4))
+		return ctrl.Result{RequeueAfter: pollFast}, nil
+	}
 	var free, keptUnits []ownership.Unit
 	var held []string
 	for _, u := range w.retire {
@@ -596,7 +621,7 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	}
 	retired, holding, err := s.retireConsumers(ctx, free)
 	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, s.natsRefusal(err)
 	}
 	before := s.provisioned
 	s.markRetired(retired, epochTopology(w.active))
@@ -606,7 +631,7 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	}
 	slices.SortFunc(s.retiringLeft, ownership.CompareUnits)
 	if len(s.retiringLeft) == 0 && before != nil && int(before.Partitions) > w.active.Partitions {
-		l := layoutFor(&s.topo.Spec, epochTopology(w.active))
+		l := layoutFor(s.topo, epochTopology(w.active))
 		r.event(s, eventNormal, "StreamsKept", "Retire",
 			"streams %s to %s of the partitions that left are kept with their rows (deleting a stream drops them); delete them by hand once they are no longer needed",
 			l.StreamName(w.active.Partitions), l.StreamName(int(before.Partitions)-1))
@@ -649,7 +674,7 @@ func (s *scope) retireConsumers(ctx context.Context, units []ownership.Unit) ([]
 	}
 	rctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
-	retired, holding, err := natsops.RetireConsumers(rctx, s.nc, layoutFor(&s.topo.Spec, env), nu)
+	retired, holding, err := natsops.RetireConsumers(rctx, s.nc, layoutFor(s.topo, env), nu)
 	out := make([]ownership.Unit, len(retired))
 	for i, u := range retired {
 		out[i] = ownership.Unit{Partition: u.Partition, Shard: u.Shard}
@@ -679,8 +704,13 @@ func keepProvisioned(ctx context.Context, r *ShardTopologyReconciler, s *scope, 
 		// Not Ready until workers own every unit: look again soon.
 		res.RequeueAfter = 2 * pollFast
 	}
+	due := !r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(s.topo, epochTopology(w.active))), s.now, reprovisionEvery)
 	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
 		return ctrl.Result{}, err
+	}
+	if due {
+		// As often as the drift check: each retired unit costs a probe.
+		s.countStranded(ctx, r, epochTopology(w.active))
 	}
 	if len(s.unitsToRetire(epochTopology(w.active))) > 0 {
 		// Provision found consumers outside the active shape (the
@@ -702,7 +732,7 @@ func (s *scope) ensureActiveProvisioned(ctx context.Context, r *ShardTopologyRec
 // ensureProvisioned provisions t with its subject transform on its own V,
 // unless this process did exactly that within reprovisionEvery.
 func (s *scope) ensureProvisioned(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology) error {
-	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(&s.topo.Spec, t)), s.now, reprovisionEvery) {
+	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(s.topo, t)), s.now, reprovisionEvery) {
 		return nil
 	}
 	return s.provision(ctx, r, t, 0)

@@ -36,6 +36,9 @@ type observation struct {
 	roll rollReport
 	// provisioned is the envelope of consumers provisioned and not retired.
 	provisioned *topologyv1.TopologyShape
+	// stranded is this reconcile's count of stranded rows; nil when it
+	// did not count (status keeps the last count).
+	stranded *topologyv1.StrandedRowsStatus
 	// retiring counts units outside the active epoch whose consumers exist.
 	retiring int
 	// workload names the workload's pods; nil when it was not read.
@@ -80,6 +83,10 @@ func firstSightStatus(t *topologyv1.ShardTopology, now time.Time) topologyv1.Sha
 func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) topologyv1.ShardTopologyStatus {
 	st := *t.Status.DeepCopy()
 	set := conditionSetter(&st, t.Generation, now)
+	st.SubjectPrefix = t.SubjectPrefix()
+	if o.stranded != nil {
+		st.StrandedRows = o.stranded.DeepCopy()
+	}
 
 	if o.change.approvedHash != "" {
 		st.ApprovedPlanHash = o.change.approvedHash

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"time"
@@ -11,6 +13,9 @@ import (
 // Defaults the API server applies; the funcs below fall back to them when a
 // field is unset (objects built in Go, or stored before a default existed).
 const (
+	// DefaultSubjectPrefix was every topology's subject prefix before
+	// the prefix became per topology (DefaultSubjectPrefixFor); objects
+	// created then keep it stored in their spec.
 	DefaultSubjectPrefix = "shardkeeper"
 	DefaultConsumerName  = "ingest"
 	DefaultReplicas      = 3
@@ -60,12 +65,40 @@ func (n *NATSSpec) ReplicasOrDefault() int {
 	return int(n.Replicas)
 }
 
-// SubjectPrefixOrDefault is spec.nats.subjectPrefix, or its default.
-func (n *NATSSpec) SubjectPrefixOrDefault() string {
-	if n.SubjectPrefix == "" {
-		return DefaultSubjectPrefix
+// SubjectPrefix is the subject prefix of the topology's streams and
+// subjects: spec.nats.subjectPrefix, or, when it is unset, the prefix
+// DefaultSubjectPrefixFor derives from the namespace and name. There is no
+// shared default: two topologies on one NATS account would otherwise
+// share streams and consumers.
+func (t *ShardTopology) SubjectPrefix() string {
+	if p := t.Spec.NATS.SubjectPrefix; p != "" {
+		return p
 	}
-	return n.SubjectPrefix
+	return DefaultSubjectPrefixFor(t.Namespace, t.Name)
+}
+
+// maxSubjectPrefix is the longest subject prefix the API allows.
+const maxSubjectPrefix = 32
+
+// DefaultSubjectPrefixFor is the subject prefix of a topology that sets
+// none: "<namespace>_<name>" (a namespace holds no underscore, so two
+// topologies never get the same one), or, when that is longer than 32
+// characters or the name holds dots (not allowed in a subject token), its
+// first 23 characters with dots made dashes, a dash and 8 hex digits of
+// the SHA-256 of "namespace/name". It depends only on the namespace and
+// name, so a ShardTopology deleted and created again under the same name
+// finds the streams and the consumers its predecessor kept.
+func DefaultSubjectPrefixFor(namespace, name string) string {
+	p := strings.ToLower(namespace + "_" + name)
+	if len(p) <= maxSubjectPrefix && !strings.Contains(p, ".") {
+		return p
+	}
+	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	short := strings.ReplaceAll(p, ".", "-")
+	if len(short) > maxSubjectPrefix-9 {
+		short = short[:maxSubjectPrefix-9]
+	}
+	return short + "-" + hex.EncodeToString(sum[:4])
 }
 
 // ConsumerNameOrDefault is spec.nats.consumerName, or its default.

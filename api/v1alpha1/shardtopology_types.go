@@ -119,6 +119,18 @@ const (
 	// ReasonNATSAuthorizationFailed means NATS refused the credentials in
 	// spec.nats.credentialsSecretRef.
 	ReasonNATSAuthorizationFailed = "NATSAuthorizationFailed"
+	// ReasonNATSObjectsOwnedElsewhere (Stalled, Ready): streams or unit
+	// consumers the topology would use carry another topology's owner
+	// mark (NATS metadata); the operator neither adopts, changes nor
+	// deletes them. The message names each object and its owner.
+	ReasonNATSObjectsOwnedElsewhere = "NATSObjectsOwnedElsewhere"
+	// ReasonUnsafeNATSConfig (Stalled, Ready): a stream can drop rows
+	// nobody consumed (max_age, a limit with discard old, interest
+	// retention, TTL or rollup headers, sealed) or a unit consumer
+	// delivers outside its unit's claim (ack policy not explicit, push,
+	// another filter). The message names the object, the field and what
+	// is allowed.
+	ReasonUnsafeNATSConfig = "UnsafeNATSConfig"
 )
 
 // Rollout kinds reported in status.rollout.kind.
@@ -312,7 +324,7 @@ type ShardTopologySpec struct {
 // NATSSpec says where the JetStream streams live, how to reach them, and the
 // lowest server version that may take part in RESET-based takeover.
 //
-// +kubebuilder:validation:XValidation:rule="self.subjectPrefix == oldSelf.subjectPrefix",message="subjectPrefix is immutable: changing it would orphan every stream and consumer",fieldPath=".subjectPrefix"
+// +kubebuilder:validation:XValidation:rule="has(self.subjectPrefix) == has(oldSelf.subjectPrefix) && (!has(self.subjectPrefix) || self.subjectPrefix == oldSelf.subjectPrefix)",message="subjectPrefix is immutable, and may not be set or removed after creation: changing it would orphan every stream and consumer (an object created before the per-topology default keeps its stored value; write it into your manifest)",fieldPath=".subjectPrefix"
 // +kubebuilder:validation:XValidation:rule="self.consumerName == oldSelf.consumerName",message="consumerName is immutable: changing it would orphan every unit consumer and its ack floor",fieldPath=".consumerName"
 // +kubebuilder:validation:XValidation:rule="self.shardAssignment == oldSelf.shardAssignment",message="shardAssignment is immutable: rows already stored were routed under the old rule",fieldPath=".shardAssignment"
 type NATSSpec struct {
@@ -350,9 +362,13 @@ type NATSSpec struct {
 
 	// SubjectPrefix starts every subject and, upper-cased, every stream name:
 	// stream <PREFIX>_INGEST_<p> holds subjects <prefix>.ingest.<p>.>.
-	// Immutable.
+	// Unset, the operator uses a prefix of this topology's own derived
+	// from its namespace and name ("<namespace>_<name>", or a shortened
+	// form with a hash when that is longer than 32 characters or the name
+	// has dots; status.subjectPrefix shows it), so two topologies on one
+	// NATS account never share a stream. Immutable: it cannot be set,
+	// changed or removed after creation.
 	// +kubebuilder:validation:Pattern=`^[a-z0-9][a-z0-9_-]{0,31}$`
-	// +kubebuilder:default=shardkeeper
 	// +optional
 	SubjectPrefix string `json:"subjectPrefix,omitempty"`
 
@@ -782,6 +798,23 @@ type RolloutStatus struct {
 	Pods []PodRollStatus `json:"pods,omitempty"`
 }
 
+// StrandedRowsStatus is what the topology's streams hold where no unit
+// consumer will deliver it: rows sent to <prefix>.ingest.<p>.<s> with no
+// token after the shard, and rows of a unit that a change removed,
+// published after its consumer was retired. The operator checks after
+// every provisioning of the active shape (each operator start and every
+// 10 minutes).
+type StrandedRowsStatus struct {
+	// Rows is how many rows are stranded.
+	Rows int64 `json:"rows"`
+	// Where names up to five places holding some, largest first.
+	// +optional
+	// +listType=atomic
+	Where []string `json:"where,omitempty"`
+	// CheckedAt is when the operator counted them.
+	CheckedAt metav1.Time `json:"checkedAt"`
+}
+
 // ShardTopologyStatus is what the operator observed, as of
 // observedGeneration.
 type ShardTopologyStatus struct {
@@ -817,6 +850,16 @@ type ShardTopologyStatus struct {
 	// can join and take units (README, "What a DSN holder can do").
 	// +optional
 	Members *MemberStatus `json:"members,omitempty"`
+	// SubjectPrefix is the subject prefix the topology's streams and
+	// subjects use: spec.nats.subjectPrefix, or the default the operator
+	// derived from the namespace and name when it is unset.
+	// +optional
+	SubjectPrefix string `json:"subjectPrefix,omitempty"`
+
+	// StrandedRows counts the rows the topology's streams hold where no
+	// unit consumer will ever deliver them, as of its last check.
+	// +optional
+	StrandedRows *StrandedRowsStatus `json:"strandedRows,omitempty"`
 
 	// Provisioned is the smallest N x V covering every unit consumer the
 	// operator created and has not retired yet. Units inside it but outside

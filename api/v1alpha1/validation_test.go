@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -149,25 +150,38 @@ func TestCreateValidation(t *testing.T) {
 }
 
 func TestUpdateTransitionRules(t *testing.T) {
+	withPrefix := func(o *topologyv1.ShardTopology) { o.Spec.NATS.SubjectPrefix = "shardkeeper" }
 	tests := []struct {
 		name    string
+		create  func(*topologyv1.ShardTopology) // nil: minimal
 		mutate  func(*topologyv1.ShardTopology)
 		wantErr string
 	}{
-		{"changing N and V is accepted", func(o *topologyv1.ShardTopology) { o.Spec.Partitions, o.Spec.ShardsPerPartition = 6, 16 }, ""},
-		{"changing subject prefix is refused", func(o *topologyv1.ShardTopology) { o.Spec.NATS.SubjectPrefix = "other" },
+		{"changing N and V is accepted", nil, func(o *topologyv1.ShardTopology) { o.Spec.Partitions, o.Spec.ShardsPerPartition = 6, 16 }, ""},
+		{"setting a subject prefix after creation is refused", nil, func(o *topologyv1.ShardTopology) { o.Spec.NATS.SubjectPrefix = "other" },
 			"spec.nats.subjectPrefix: Invalid value: subjectPrefix is immutable"},
-		{"changing consumer name is refused", func(o *topologyv1.ShardTopology) { o.Spec.NATS.ConsumerName = "other" },
+		{"changing a stored subject prefix is refused", withPrefix, func(o *topologyv1.ShardTopology) { o.Spec.NATS.SubjectPrefix = "other" },
+			"spec.nats.subjectPrefix: Invalid value: subjectPrefix is immutable"},
+		// An object created under the old shared default keeps it: a
+		// manifest applied without the field must not switch it to the
+		// per-topology default (that would orphan its streams).
+		{"removing a stored subject prefix is refused", withPrefix, func(o *topologyv1.ShardTopology) { o.Spec.NATS.SubjectPrefix = "" },
+			"spec.nats.subjectPrefix: Invalid value: subjectPrefix is immutable"},
+		{"keeping a stored subject prefix is accepted", withPrefix, func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 5 }, ""},
+		{"changing consumer name is refused", nil, func(o *topologyv1.ShardTopology) { o.Spec.NATS.ConsumerName = "other" },
 			"spec.nats.consumerName: Invalid value: consumerName is immutable"},
-		{"changing shard assignment is refused", func(o *topologyv1.ShardTopology) {
+		{"changing shard assignment is refused", nil, func(o *topologyv1.ShardTopology) {
 			o.Spec.NATS.ShardAssignment = topologyv1.ShardAssignmentSubjectTransform
 		}, "spec.nats.shardAssignment: Invalid value: shardAssignment is immutable"},
-		{"raising the version floor is accepted", func(o *topologyv1.ShardTopology) { o.Spec.NATS.VersionFloor = "2.15.0" }, ""},
+		{"raising the version floor is accepted", nil, func(o *topologyv1.ShardTopology) { o.Spec.NATS.VersionFloor = "2.15.0" }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			o := minimal()
+			if tt.create != nil {
+				tt.create(o)
+			}
 			if err := k.Create(ctx, o); err != nil {
 				t.Fatal(err)
 			}
@@ -192,7 +206,8 @@ func TestDefaultsAreApplied(t *testing.T) {
 		field     string
 		got, want any
 	}{
-		{"nats.subjectPrefix", n.SubjectPrefix, topologyv1.DefaultSubjectPrefix},
+		// No shared default: the operator derives one per topology.
+		{"nats.subjectPrefix", n.SubjectPrefix, ""},
 		{"nats.consumerName", n.ConsumerName, topologyv1.DefaultConsumerName},
 		{"nats.replicas", n.Replicas, int32(topologyv1.DefaultReplicas)},
 		{"nats.versionFloor", n.VersionFloor, topologyv1.DefaultVersionFloor},
@@ -264,4 +279,47 @@ func TestSampleIsAccepted(t *testing.T) {
 	o.Namespace = "default"
 	o.Name = fmt.Sprintf("sample-%d", seq.Add(1))
 	checkAdmission(t, k.Create(context.Background(), o), "")
+}
+
+// Topologies that set no prefix get one each: namespace and name when they
+// fit, a shortened form with a hash otherwise; never the same for two, and
+// always one the API's own pattern accepts.
+func TestDefaultSubjectPrefixIsPerTopology(t *testing.T) {
+	long := strings.Repeat("n", 40)
+	tests := []struct {
+		name            string
+		namespace, topo string
+		want            string // empty: only checked against the pattern
+	}{
+		{"namespace and name when they fit", "team-a", "ingest", "team-a_ingest"},
+		{"another name in the same namespace", "team-a", "orders", "team-a_orders"},
+		{"a name with dots is shortened with a hash", "team-a", "ingest.v2", ""},
+		{"a long name is shortened with a hash", "team-a", long, ""},
+		{"a long namespace is shortened with a hash", long, "ingest", ""},
+	}
+	pattern := regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+	seen := map[string]string{}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := topologyv1.DefaultSubjectPrefixFor(tt.namespace, tt.topo)
+			if tt.want != "" && got != tt.want {
+				t.Fatalf("prefix %q, want %q", got, tt.want)
+			}
+			if !pattern.MatchString(got) {
+				t.Fatalf("prefix %q does not match the API's pattern %s", got, pattern)
+			}
+			if other, dup := seen[got]; dup {
+				t.Fatalf("prefix %q is also %s's", got, other)
+			}
+			seen[got] = tt.namespace + "/" + tt.topo
+		})
+	}
+	o := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "ingest"}}
+	if got := o.SubjectPrefix(); got != "team-a_ingest" {
+		t.Fatalf("SubjectPrefix() with none set = %q", got)
+	}
+	o.Spec.NATS.SubjectPrefix = "shardkeeper"
+	if got := o.SubjectPrefix(); got != "shardkeeper" {
+		t.Fatalf("SubjectPrefix() with one set = %q", got)
+	}
 }

@@ -207,7 +207,8 @@ func startPublisher(p *parts, topo ownership.Topology) (*publisher, error) {
 		return nil, err
 	}
 	pub := &publisher{topo: topo, nc: nc, quit: make(chan struct{}), done: make(chan struct{})}
-	layout := natsops.Layout{SubjectPrefix: topologyv1.DefaultSubjectPrefix}
+	// The sample sets no subject prefix: the topology's own default.
+	layout := natsops.Layout{SubjectPrefix: topologyv1.DefaultSubjectPrefixFor(namespace, "ingest")}
 	go func() {
 		defer close(pub.done)
 		for n := 0; ; n++ {

@@ -3,6 +3,7 @@ package fleettest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -25,7 +26,19 @@ type SinkWrite struct {
 }
 
 // Sink reads every write of the reference workers' sink, in write order.
-func (f *Fleet) Sink(ctx context.Context) ([]SinkWrite, error) { return ReadSink(ctx, f.DSN) }
+func (f *Fleet) Sink(ctx context.Context) ([]SinkWrite, error) {
+	w, err := ReadSink(ctx, f.DSN)
+	return ownRows(w, f.Opts.RowPrefix), err
+}
+
+// ownRows keeps the writes of rows whose id starts with prefix: a fleet's
+// own, in a sink another fleet shares.
+func ownRows(ws []SinkWrite, prefix string) []SinkWrite {
+	if prefix == "" {
+		return ws
+	}
+	return slices.DeleteFunc(ws, func(w SinkWrite) bool { return !strings.HasPrefix(w.ID, prefix) })
+}
 
 // ReadSink reads every write of the reference workers' sink in the
 // database at dsn, in write order.

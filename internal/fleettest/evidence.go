@@ -27,6 +27,9 @@ type Source struct {
 	// Grace is P5's adoption grace; zero reads the topology's from the
 	// registry at DSN.
 	Grace time.Duration
+	// RowPrefix, when set, keeps only sink writes of rows whose id starts
+	// with it (a sink shared with another fleet).
+	RowPrefix string
 }
 
 // Evidence gathers what the history checker judges: every worker's
@@ -38,7 +41,7 @@ func (f *Fleet) Evidence(ctx context.Context, published map[string]ownership.Uni
 		ids[id] = u.String()
 	}
 	return Gather(ctx, Source{HistoryDir: f.HistoryDir, DSN: f.DSN, Registry: f.Registry, Topology: f.Topology,
-		Expected: f.Expected()}, ids)
+		Expected: f.Expected(), RowPrefix: f.Opts.RowPrefix}, ids)
 }
 
 // Gather reads the evidence at src; published maps row ids to units.
@@ -57,7 +60,7 @@ func Gather(ctx context.Context, src Source, published map[string]string) (histo
 	if err != nil {
 		return in, fmt.Errorf("read sink: %w", err)
 	}
-	for _, w := range sink {
+	for _, w := range ownRows(sink, src.RowPrefix) {
 		in.Sink = append(in.Sink, historycheck.SinkWrite{RowID: w.ID, Unit: w.Unit, Member: w.Member, Epoch: w.Epoch, At: w.WrittenAt})
 	}
 	if err := registryEvidence(ctx, src, &in); err != nil {

@@ -53,6 +53,15 @@ type Options struct {
 	// PG, when set, is a running PostgreSQL server to create the fleet's
 	// database on instead of starting one.
 	PG *pgtest.Server
+	// RegistryDSN, when set, is another fleet's database to keep this
+	// fleet's registry and sink in (two topologies sharing one registry;
+	// the guarded sink must live beside the claims it checks). Give both
+	// fleets a RowPrefix so each reads only its own rows from the shared
+	// sink.
+	RegistryDSN string
+	// RowPrefix starts every row id the fleet's publishers send; the
+	// fleet's sink reads and evidence keep only rows that carry it.
+	RowPrefix string
 	// SubjectPrefix of the streams (default "shardkeeper"), so fleets
 	// sharing a NATS cluster keep apart.
 	SubjectPrefix string
@@ -155,7 +164,10 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	if f.PG == nil {
 		f.PG = pgtest.New(t)
 	}
-	f.DSN = f.PG.NewTestDatabase(t)
+	f.DSN = o.RegistryDSN
+	if f.DSN == "" {
+		f.DSN = f.PG.NewTestDatabase(t)
+	}
 	f.ClientDSN = f.DSN
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -61,7 +61,7 @@ func (p *Publisher) run(rate int) {
 		units := p.topo.Units()
 		p.mu.Unlock()
 		u := units[n%len(units)]
-		id := fmt.Sprintf("row-%08d", n)
+		id := fmt.Sprintf("%srow-%08d", p.f.Opts.RowPrefix, n)
 		msg := &nats.Msg{Subject: p.subject(u, id), Header: nats.Header{}, Data: []byte(id)}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -158,7 +158,7 @@ func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, prefix
 	futures := make([]jetstream.PubAckFuture, 0, to-from)
 	for i := from; i < to; i++ {
 		u := units[i%len(units)]
-		id := fmt.Sprintf("%s-%08d", prefix, i)
+		id := fmt.Sprintf("%s%s-%08d", f.Opts.RowPrefix, prefix, i)
 		msg := &nats.Msg{Subject: f.Layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{}}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		fut, err := js.PublishMsgAsync(msg)
@@ -171,9 +171,9 @@ func publishWindow(ctx context.Context, js jetstream.JetStream, f *Fleet, prefix
 		i := from + k
 		select {
 		case <-fut.Ok():
-			acked[fmt.Sprintf("%s-%08d", prefix, i)] = units[i%len(units)]
+			acked[fmt.Sprintf("%s%s-%08d", f.Opts.RowPrefix, prefix, i)] = units[i%len(units)]
 		case err := <-fut.Err():
-			return fmt.Errorf("publish %s-%08d: %w", prefix, i, err)
+			return fmt.Errorf("publish %s%s-%08d: %w", f.Opts.RowPrefix, prefix, i, err)
 		case <-ctx.Done():
 			return fmt.Errorf("publish burst timed out: %w", ctx.Err())
 		}

@@ -500,7 +500,17 @@ func (b *censusBuilder) placements(expect func(string, Role, string), hosted map
 						continue
 					}
 					m.found = true
-					switch isLeader := ci.Cluster != nil && ci.Cluster.Leader == reporter; {
+					// A server that runs JetStream alone (JSZ without a
+					// meta_cluster block) has no raft group and reports
+					// its consumers with an empty cluster block: it hosts
+					// them, so it is their leader and only replica, and
+					// its version is checked like any leader's.
+					alone := r.Data.Meta == nil && (ci.Cluster == nil || ci.Cluster.Leader == "")
+					if alone && m.leader == "" {
+						m.leader = reporter
+						m.replicas = slices.DeleteFunc(m.replicas, func(n string) bool { return n == reporter })
+					}
+					switch isLeader := alone || ci.Cluster != nil && ci.Cluster.Leader == reporter; {
 					case isLeader:
 						m.fromLeader, m.pending, m.ackPending = true, ci.NumPending, ci.NumAckPending
 					case !m.fromLeader:

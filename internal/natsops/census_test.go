@@ -178,3 +178,48 @@ func TestCensusReportsEachConsumersPendingRows(t *testing.T) {
 		t.Fatalf("unit 0.0 %+v, want nothing pending", p)
 	}
 }
+
+// A JetStream server that runs alone (no cluster block) reports its
+// consumers without a leader in JSZ; it hosts them, so it is their leader
+// and only replica. Before, every unit consumer "had no leader" and RESET
+// was refused forever while the floor was met.
+// checks P4
+func TestCensusTakesAStandaloneServerAsTheLeaderOfTheConsumersItHosts(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	l := testLayout(1, 2, 1)
+	mustProvision(t, c.Connect(0), l)
+
+	for _, tc := range []struct {
+		name    string
+		floor   string
+		allowed bool
+	}{
+		{name: "the floor met allows RESET", floor: "2.11.0", allowed: true},
+		{name: "a floor above the server still refuses", floor: "99.0.0", allowed: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			census, err := TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(0), CensusOptions{Floor: tc.floor, Account: natstest.AppAccount, Consumers: l.Consumers()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			logCensus(t, census)
+			lone := c.Configs[0].Name
+			for _, p := range census.Consumers {
+				if !p.Found || p.Leader != lone || len(p.Replicas) != 0 {
+					t.Fatalf("placement of %s: %+v, want %s as its leader and no other replica", p.ConsumerRef, p, lone)
+				}
+				err := census.AllowReset(p.Stream, p.Name, time.Minute)
+				if tc.allowed && err != nil {
+					t.Fatalf("RESET of %s refused on a lone server at the floor: %v", p.ConsumerRef, err)
+				}
+				var refused *RefusedError
+				if !tc.allowed && (!errors.As(err, &refused) || !slices.Contains(refused.Servers, lone)) {
+					t.Fatalf("RESET of %s below the floor: %v, want a refusal naming %s", p.ConsumerRef, err, lone)
+				}
+			}
+			if s, _ := census.Server(lone); s.Consumers != 2 {
+				t.Fatalf("server %+v, want it counted as the host of both consumers", s)
+			}
+		})
+	}
+}

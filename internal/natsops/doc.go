@@ -13,6 +13,18 @@
 // package owns) is changed, and what would change which rows an object
 // holds is only reported. Nothing is ever deleted by Provision, and
 // RetireConsumers deletes a unit consumer only once it holds no rows.
+// A Layout's Owner (the topology's namespace/name and UID) is written into
+// the metadata of every stream and unit consumer (OwnerKey, OwnerUIDKey);
+// Provision refuses a stream another topology's mark names before it writes
+// anything, and neither Provision nor RetireConsumers changes or deletes a
+// consumer another topology owns (*OwnedElsewhereError). Streams whose
+// settings can drop rows before their unit's owner acknowledges them
+// (max_age, a limit with discard old, interest retention, TTL or rollup
+// headers, sealed) and unit consumers that deliver outside their unit's
+// claim (ack policy other than explicit, push, another filter) are refused
+// (*UnsafeConfigError), never silently kept. Inventory finds every unit
+// consumer of a layout's naming on any of its partition streams, so what a
+// topology ever provisioned can be retired without a record of it.
 // Where publishers do not pick the shard (AssignByTransform), each stream
 // owns a subject transform from <prefix>.rows.<p>.<key> to
 // <prefix>.ingest.<p>.{{partition(V,1)}}.<key>, where V is the layout's

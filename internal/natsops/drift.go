@@ -1,6 +1,7 @@
 package natsops
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -21,16 +22,52 @@ type Finding struct {
 	// change is impossible (an immutable field) or unsafe (it would change
 	// which rows an object holds), and a person has to decide.
 	Updated bool
+	// Unsafe says the object as it is can lose rows, or deliver them
+	// where no claim guards them (a stream limit that drops unconsumed
+	// rows, a consumer that acks on delivery, pushes, or serves another
+	// filter). Provision refuses it with an *UnsafeConfigError; Want then
+	// says what is allowed.
+	Unsafe bool
 }
 
 // String renders the finding for logs and status messages.
 func (f Finding) String() string {
+	if f.Unsafe {
+		return fmt.Sprintf("%s: %s is %s; allowed: %s", f.Object, f.Field, f.Got, f.Want)
+	}
 	action := "left as is"
 	if f.Updated {
 		action = "updated"
 	}
 	return fmt.Sprintf("%s: %s is %s, want %s (%s)", f.Object, f.Field, f.Got, f.Want, action)
 }
+
+// ErrUnsafeConfig is what errors.Is finds in an *UnsafeConfigError.
+var ErrUnsafeConfig = errors.New("NATS object configuration can lose rows")
+
+// UnsafeConfigError says streams or unit consumers are configured so that
+// rows can be dropped before their unit's owner acknowledges them, or
+// delivered outside the claim that guards them. Provision changes none of
+// it (each needs a person: most of these fields cannot be changed back on
+// a live object) and the topology goes no further until it is fixed.
+type UnsafeConfigError struct {
+	Findings []Finding
+}
+
+func (e *UnsafeConfigError) Error() string {
+	parts := make([]string, 0, min(len(e.Findings), 3))
+	for i, f := range e.Findings {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(e.Findings)-3))
+			break
+		}
+		parts = append(parts, f.String())
+	}
+	return "refused: " + strings.Join(parts, "; ")
+}
+
+// Is makes errors.Is(err, ErrUnsafeConfig) true.
+func (e *UnsafeConfigError) Is(target error) bool { return target == ErrUnsafeConfig }
 
 func streamObject(stream string) string { return "stream " + stream }
 
@@ -77,12 +114,77 @@ func streamDrift(want, got api.StreamConfig, ownsTransform bool) ([]Finding, *ap
 		fs = append(fs, Finding{Object: obj, Field: "storage", Want: want.Storage.String(), Got: got.Storage.String()})
 	}
 	if want.Retention != got.Retention {
-		fs = append(fs, Finding{Object: obj, Field: "retention", Want: want.Retention.String(), Got: got.Retention.String()})
+		fs = append(fs, Finding{Object: obj, Field: "retention", Want: want.Retention.String(), Got: got.Retention.String(),
+			Unsafe: got.Retention == api.InterestPolicy})
+		if got.Retention == api.InterestPolicy {
+			fs[len(fs)-1].Want = "limits (or workqueue): interest retention drops a row no consumer is interested in when it is stored"
+		}
+	}
+	fs = append(fs, streamLimits(obj, got)...)
+	if want.DenyDelete && !got.DenyDelete {
+		// Safe: nothing of shardkeeper deletes single rows, and the
+		// server lets deny_delete be set (never cleared) on a live
+		// stream.
+		next.DenyDelete = true
+		changed = true
+		fs = append(fs, Finding{Object: obj, Field: "deny_delete", Want: "true", Got: "false", Updated: true})
+	}
+	if o, _ := ownerOf(want.Metadata); ownerDrift(got.Metadata, o) {
+		next.Metadata = withOwner(got.Metadata, o)
+		changed = true
+		fs = append(fs, Finding{Object: obj, Field: "metadata." + OwnerKey, Want: o.String(), Got: ownerString(got.Metadata), Updated: true})
 	}
 	if !changed {
 		return fs, nil
 	}
 	return fs, &next
+}
+
+// streamLimits reports every setting of got that can drop a stored row
+// before the unit's owner acknowledged it. A limit is allowed only with
+// discard new (the stream then refuses the publish, and a publisher that
+// waits for the stream's ack sees it), and never max_age, a per-message
+// TTL, rollups or a sealed stream.
+func streamLimits(obj string, got api.StreamConfig) []Finding {
+	var fs []Finding
+	unsafe := func(field, g, allowed string) {
+		fs = append(fs, Finding{Object: obj, Field: field, Want: allowed, Got: g, Unsafe: true})
+	}
+	if got.MaxAge > 0 {
+		unsafe("max_age", got.MaxAge.String(), "0 (no age limit): rows older than max_age are dropped whether or not they were consumed")
+	}
+	if got.Discard != api.DiscardNew {
+		for _, l := range []struct {
+			field string
+			v     int64
+		}{{"max_msgs", got.MaxMsgs}, {"max_bytes", got.MaxBytes}} {
+			if l.v > 0 {
+				unsafe(l.field, fmt.Sprintf("%d with discard %s", l.v, got.Discard),
+					"-1 (no limit), or a limit with discard new: discard old drops the oldest rows, consumed or not, to make room")
+			}
+		}
+	}
+	if got.MaxMsgsPer > 0 && (got.Discard != api.DiscardNew || !got.DiscardNewPer) {
+		unsafe("max_msgs_per_subject", fmt.Sprintf("%d with discard %s, discard_new_per_subject %t", got.MaxMsgsPer, got.Discard, got.DiscardNewPer),
+			"-1 (no limit), or a limit with discard new and discard_new_per_subject: otherwise a subject's oldest rows are dropped to make room")
+	}
+	if got.AllowMsgTTL {
+		unsafe("allow_msg_ttl", "true", "false: a publisher's Nats-TTL header would expire rows nobody consumed")
+	}
+	if got.RollupAllowed {
+		unsafe("allow_rollup_hdrs", "true", "false: a publisher's Nats-Rollup header purges the subject's stored rows")
+	}
+	if got.Sealed {
+		unsafe("sealed", "true", "false: a sealed stream stores no new row")
+	}
+	return fs
+}
+
+func ownerString(meta map[string]string) string {
+	if o, ok := ownerOf(meta); ok {
+		return o.String()
+	}
+	return "(none)"
 }
 
 // consumerDrift is streamDrift for a unit consumer. What it serves (filter,
@@ -95,6 +197,9 @@ func consumerDrift(stream string, want, got api.ConsumerConfig) ([]Finding, *api
 	report := func(field, w, g string) {
 		fs = append(fs, Finding{Object: obj, Field: field, Want: w, Got: g})
 	}
+	refuse := func(field, allowed, g string) {
+		fs = append(fs, Finding{Object: obj, Field: field, Want: allowed, Got: g, Unsafe: true})
+	}
 	update := func(field, w, g string, apply func()) {
 		apply()
 		changed = true
@@ -105,14 +210,18 @@ func consumerDrift(stream string, want, got api.ConsumerConfig) ([]Finding, *api
 	if got.FilterSubject != "" {
 		gotFilters = append([]string{got.FilterSubject}, gotFilters...)
 	}
+	// Unsafe: rows of other units delivered under this unit's claim, rows
+	// pushed to whoever subscribes, rows acknowledged before the handler
+	// ran. None of it can be changed on a live consumer without changing
+	// which rows it holds; a person deletes or fixes it.
 	if len(gotFilters) != 1 || gotFilters[0] != want.FilterSubject {
-		report("filter_subject", want.FilterSubject, list(gotFilters))
+		refuse("filter_subject", want.FilterSubject+" only: another filter delivers rows of other units under this unit's claim", list(gotFilters))
 	}
 	if got.DeliverSubject != "" {
-		report("deliver_subject", "(pull)", got.DeliverSubject)
+		refuse("deliver_subject", "none (a pull consumer): a push consumer delivers to whoever subscribes, outside any claim", got.DeliverSubject)
 	}
 	if want.AckPolicy != got.AckPolicy {
-		report("ack_policy", want.AckPolicy.String(), got.AckPolicy.String())
+		refuse("ack_policy", want.AckPolicy.String()+": any other policy acknowledges rows the handler has not settled", got.AckPolicy.String())
 	}
 	if want.DeliverPolicy != got.DeliverPolicy {
 		report("deliver_policy", want.DeliverPolicy.String(), got.DeliverPolicy.String())
@@ -134,6 +243,22 @@ func consumerDrift(stream string, want, got api.ConsumerConfig) ([]Finding, *api
 	}
 	if want.PinnedTTL != got.PinnedTTL {
 		update("priority_timeout", want.PinnedTTL.String(), got.PinnedTTL.String(), func() { next.PinnedTTL = want.PinnedTTL })
+	}
+	if got.InactiveThreshold > 0 {
+		// A durable with an inactivity threshold is deleted by the server
+		// when nobody pulls for that long, and its ack floor with it.
+		update("inactive_threshold", "0", got.InactiveThreshold.String(), func() { next.InactiveThreshold = 0 })
+	}
+	if o, _ := ownerOf(want.Metadata); ownerDrift(got.Metadata, o) {
+		update("metadata."+OwnerKey, o.String(), ownerString(got.Metadata), func() { next.Metadata = withOwner(got.Metadata, o) })
+	}
+	if slices.ContainsFunc(fs, func(f Finding) bool { return f.Unsafe }) {
+		// A refused consumer is left exactly as it is (a safe update may
+		// not even apply: a push consumer takes no priority group).
+		for i := range fs {
+			fs[i].Updated = false
+		}
+		return fs, nil
 	}
 	if !changed {
 		return fs, nil

@@ -111,6 +111,24 @@ func (j jsAPI) consumers(ctx context.Context, stream string) ([]*api.ConsumerInf
 	}
 }
 
+// consumerNames lists the names of stream's consumers, page by page.
+func (j jsAPI) consumerNames(ctx context.Context, stream string) ([]string, error) {
+	var names []string
+	for offset := 0; ; {
+		var resp api.JSApiConsumerNamesResponse
+		req := api.JSApiConsumerNamesRequest{JSApiIterableRequest: api.JSApiIterableRequest{Offset: offset}}
+		if err := j.do(ctx, fmt.Sprintf(api.JSApiConsumerNamesT, stream), &req, &resp); err != nil {
+			return nil, err
+		}
+		names = append(names, resp.Consumers...)
+		if next, more := nextPage(offset, len(resp.Consumers), resp.JSApiIterableResponse); more {
+			offset = next
+			continue
+		}
+		return names, nil
+	}
+}
+
 // nextPage says where the next page of a listing starts, if there is one.
 // A server that claims more items but pages by nothing would loop forever:
 // that ends the listing.
@@ -124,8 +142,22 @@ func nextPage(offset, got int, page api.JSApiIterableResponse) (int, bool) {
 
 // streamInfo reads a stream's configuration and state.
 func (j jsAPI) streamInfo(ctx context.Context, name string) (*api.StreamInfo, error) {
+	return j.streamInfoWith(ctx, name, nil)
+}
+
+// streamSubjects reads a stream's configuration and state with the count
+// of rows on each subject matching filter (State.Subjects).
+func (j jsAPI) streamSubjects(ctx context.Context, name, filter string) (*api.StreamInfo, error) {
+	return j.streamInfoWith(ctx, name, &api.JSApiStreamInfoRequest{SubjectsFilter: filter})
+}
+
+func (j jsAPI) streamInfoWith(ctx context.Context, name string, req *api.JSApiStreamInfoRequest) (*api.StreamInfo, error) {
 	var resp api.JSApiStreamInfoResponse
-	if err := j.do(ctx, fmt.Sprintf(api.JSApiStreamInfoT, name), nil, &resp); err != nil {
+	var body any
+	if req != nil {
+		body = req
+	}
+	if err := j.do(ctx, fmt.Sprintf(api.JSApiStreamInfoT, name), body, &resp); err != nil {
 		return nil, err
 	}
 	if resp.StreamInfo == nil {

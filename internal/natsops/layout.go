@@ -65,6 +65,11 @@ type Layout struct {
 	// independent baseline the end-to-end tests measure uses it: without a
 	// pin, two processes pulling one consumer both get rows.
 	Unpinned bool
+	// Owner is the topology the streams and consumers belong to: Provision
+	// marks them with it (metadata OwnerKey, OwnerUIDKey) and refuses to
+	// adopt, change or delete objects another topology's mark names. The
+	// zero Owner marks and checks nothing.
+	Owner Owner
 	// TransformShards is the shard count the stream subject transform
 	// hashes over under AssignByTransform; 0 means Shards. A topology
 	// change provisions the new shape's consumers with the active shape's
@@ -228,9 +233,12 @@ func (l Layout) ConsumerRef(u Unit) ConsumerRef {
 	return ConsumerRef{Stream: l.StreamName(u.Partition), Name: l.ConsumerDurable(u.Partition, u.Shard)}
 }
 
-// StreamConfig is the configuration partition p's stream should have.
-// Fields the layout does not name keep the server's defaults (limits
-// retention, no limits) and are left alone once the stream exists.
+// StreamConfig is the configuration partition p's stream should have:
+// limits retention without any limit, so no row is dropped before its
+// unit's owner acknowledges it (streamDrift refuses an existing stream
+// whose settings could drop one), per-message deletes denied, and the
+// owner's mark. Fields the layout does not name keep the server's
+// defaults.
 func (l Layout) StreamConfig(p int) api.StreamConfig {
 	return api.StreamConfig{
 		Name:             l.StreamName(p),
@@ -245,6 +253,8 @@ func (l Layout) StreamConfig(p int) api.StreamConfig {
 		MaxMsgsPer:       -1,
 		MaxMsgSize:       -1,
 		MaxConsumers:     -1,
+		DenyDelete:       true,
+		Metadata:         withOwner(nil, l.Owner),
 	}
 }
 
@@ -265,6 +275,7 @@ func (l Layout) ConsumerConfig(p, s int) api.ConsumerConfig {
 		PriorityPolicy: api.PriorityPinnedClient,
 		PriorityGroups: []string{PriorityGroup},
 		PinnedTTL:      l.PinnedTTL,
+		Metadata:       withOwner(nil, l.Owner),
 	}
 	if l.Unpinned {
 		c.PriorityPolicy, c.PriorityGroups, c.PinnedTTL = api.PriorityNone, nil, 0

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -38,13 +39,29 @@ type Report struct {
 	Updated []string
 	// Findings lists every drift, corrected or not.
 	Findings []Finding
-	// Orphans are unit consumers on the layout's streams that the layout
-	// no longer has (a shard count that went down). Provision leaves them;
-	// RetireConsumers deletes them once they are drained.
+	// Orphans are unit consumers of the layout's naming that the layout
+	// no longer has: shards at or beyond V on its streams (a shard count
+	// that went down, or kept for a transform), and every unit consumer
+	// on an orphan stream (a partition count that went down, or a change
+	// abandoned after it provisioned). Provision leaves them;
+	// RetireConsumers deletes them once they are drained. Objects another
+	// topology owns are never listed.
 	Orphans []Unit
 	// OrphanStreams are partition streams beyond the layout's N (a
-	// partition count that went down). Nothing here deletes a stream.
+	// partition count that went down) that this layout's owner owns or
+	// that carry no owner. Nothing here deletes a stream.
 	OrphanStreams []string
+}
+
+// Refusals are the findings Provision refused (Finding.Unsafe).
+func (r *Report) Refusals() []Finding {
+	var out []Finding
+	for _, f := range r.Findings {
+		if f.Unsafe {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Provision makes sure, idempotently, that the layout's N partition
@@ -60,58 +77,180 @@ type Report struct {
 // shard the transform routes to gets a consumer, so a stream that a new
 // shape adds never stores a row no consumer reads; those beyond the shape
 // are reported as orphans.
+//
+// With an Owner, Provision marks every stream and unit consumer it creates
+// or finds with it, adopts unmarked ones (and those of an earlier object of
+// the same name), and refuses, before it writes anything, when a stream
+// of the layout carries another topology's mark: the error is an
+// *OwnedElsewhereError naming each object and its owner. A stream or
+// consumer configured so that rows can be dropped before they are
+// acknowledged, or delivered outside their unit's claim, is refused with
+// an *UnsafeConfigError (the report lists them as Unsafe findings), after
+// everything else was provisioned.
 func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
 	rep := &Report{}
+	if err := checkStreamOwners(ctx, nc, l); err != nil {
+		return rep, err
+	}
+	var foreign []ForeignObject
 	for p := range l.Partitions {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		if err := provisionPartition(ctx, nc, l, p, rep); err != nil {
+		f, err := provisionPartition(ctx, nc, l, p, rep)
+		foreign = append(foreign, f...)
+		if err != nil {
 			return rep, err
 		}
 	}
-	orphans, err := orphanStreams(ctx, nc, l)
-	rep.OrphanStreams = orphans
-	return rep, err
+	inv, err := inventory(ctx, nc, l, l.Partitions)
+	if err != nil {
+		return rep, err
+	}
+	rep.OrphanStreams = inv.streams
+	rep.Orphans = append(rep.Orphans, inv.units...)
+	sortUnits(rep.Orphans)
+	var errs []error
+	if len(foreign) > 0 {
+		errs = append(errs, &OwnedElsewhereError{Owner: l.Owner, Objects: foreign})
+	}
+	if refused := rep.Refusals(); len(refused) > 0 {
+		errs = append(errs, &UnsafeConfigError{Findings: refused})
+	}
+	return rep, errors.Join(errs...)
 }
 
-// orphanStreams lists the streams named like partitions of this layout
-// with a partition number of N or more.
-func orphanStreams(ctx context.Context, nc *nats.Conn, l Layout) ([]string, error) {
-	names, err := (jsAPI{nc}).streamNames(ctx, l.SubjectPrefix+".>")
-	if err != nil {
-		return nil, fmt.Errorf("list streams of prefix %s: %w", l.SubjectPrefix, err)
+// checkStreamOwners refuses, before anything is written, a layout one of
+// whose partition streams another topology owns.
+func checkStreamOwners(ctx context.Context, nc *nats.Conn, l Layout) error {
+	if !l.Owner.marked() {
+		return nil
 	}
-	var orphans []string
+	jsa := jsAPI{nc}
+	var foreign []ForeignObject
+	for p := range l.Partitions {
+		stream, err := jsa.streamInfo(ctx, l.StreamName(p))
+		switch {
+		case api.IsNatsError(err, errCodeStreamNotFound):
+			continue
+		case err != nil:
+			return fmt.Errorf("load stream %s: %w", l.StreamName(p), err)
+		}
+		if o, got := judgeOwner(l.Owner, stream.Config.Metadata); o == ownedElsewhere {
+			foreign = append(foreign, ForeignObject{Object: streamObject(l.StreamName(p)), Owner: got})
+		}
+	}
+	if len(foreign) > 0 {
+		return &OwnedElsewhereError{Owner: l.Owner, Objects: foreign}
+	}
+	return nil
+}
+
+// Inventory lists every unit consumer of the layout's naming that its owner
+// may retire, on every stream named like one of its partitions, whatever
+// the partition number and whatever N and V are now: what a topology ever
+// provisioned, found again without any record of it. Streams and
+// consumers another topology owns are left out.
+func Inventory(ctx context.Context, nc *nats.Conn, l Layout) ([]Unit, error) {
+	inv, err := inventory(ctx, nc, l, 0)
+	if err != nil {
+		return nil, err
+	}
+	return inv.units, nil
+}
+
+type inventoryResult struct {
+	streams []string
+	units   []Unit
+}
+
+// inventory lists the streams of the layout's naming with a partition
+// number of from or more that are not another topology's, and the unit
+// consumers on them that are not either.
+func inventory(ctx context.Context, nc *nats.Conn, l Layout, from int) (inventoryResult, error) {
+	var out inventoryResult
+	jsa := jsAPI{nc}
+	names, err := jsa.streamNames(ctx, l.SubjectPrefix+".>")
+	if err != nil {
+		return out, fmt.Errorf("list streams of prefix %s: %w", l.SubjectPrefix, err)
+	}
 	prefix := strings.TrimSuffix(l.StreamName(0), "0")
+	sort.Strings(names)
 	for _, name := range names {
-		if rest, ok := strings.CutPrefix(name, prefix); ok {
-			if p, ok := parseNumber(rest); ok && p >= l.Partitions {
-				orphans = append(orphans, name)
+		rest, ok := strings.CutPrefix(name, prefix)
+		if !ok {
+			continue
+		}
+		p, ok := parseNumber(rest)
+		if !ok || p < from {
+			continue
+		}
+		stream, err := jsa.streamInfo(ctx, name)
+		switch {
+		case api.IsNatsError(err, errCodeStreamNotFound):
+			continue
+		case err != nil:
+			return out, fmt.Errorf("load stream %s: %w", name, err)
+		}
+		if o, _ := judgeOwner(l.Owner, stream.Config.Metadata); o == ownedElsewhere {
+			continue
+		}
+		if p >= l.Partitions {
+			out.streams = append(out.streams, name)
+		}
+		consumers, _, err := jsa.consumers(ctx, name)
+		if err != nil {
+			return out, fmt.Errorf("list consumers of stream %s: %w", name, err)
+		}
+		for _, c := range consumers {
+			s, ok := l.ParseConsumerDurable(p, c.Name)
+			if !ok {
+				continue
+			}
+			if o, _ := judgeOwner(l.Owner, c.Config.Metadata); o == ownedElsewhere {
+				continue
+			}
+			if from == 0 || p >= l.Partitions {
+				out.units = append(out.units, Unit{Partition: p, Shard: s})
 			}
 		}
 	}
-	return orphans, nil
+	sortUnits(out.units)
+	return out, nil
 }
 
-func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep *Report) error {
+// provisionPartition provisions partition p's stream and unit consumers
+// and returns the consumers it left alone because another topology owns
+// them.
+func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep *Report) ([]ForeignObject, error) {
 	jsa := jsAPI{nc}
 	name := l.StreamName(p)
 	meta, err := provisionStream(ctx, jsa, l, p, rep)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	existing, offline, err := jsa.consumers(ctx, name)
 	if err != nil {
-		return fmt.Errorf("list consumers of stream %s: %w", name, err)
+		return nil, fmt.Errorf("list consumers of stream %s: %w", name, err)
 	}
 	have := make(map[string]api.ConsumerConfig, len(existing))
+	var foreign []ForeignObject
 	for _, c := range existing {
-		have[c.Name] = c.Config
+		cfg := c.Config
+		if o, got := judgeOwner(l.Owner, cfg.Metadata); o == ownedElsewhere {
+			if _, ours := l.ParseConsumerDurable(p, c.Name); ours {
+				foreign = append(foreign, ForeignObject{Object: consumerObject(name, c.Name), Owner: got})
+			}
+			continue
+		}
+		have[c.Name] = cfg
+	}
+	isForeign := func(durable string) bool {
+		return slices.ContainsFunc(foreign, func(f ForeignObject) bool { return f.Object == consumerObject(name, durable) })
 	}
 	for cname, reason := range offline {
 		// An offline consumer exists but cannot be read: creating it again
@@ -121,7 +260,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return fmt.Errorf("open JetStream: %w", err)
+		return foreign, fmt.Errorf("open JetStream: %w", err)
 	}
 	// Creating an R3 consumer waits for its raft group; do many at once.
 	var (
@@ -148,7 +287,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 	for s := range l.consumerShards() {
 		want := withResume(l.ConsumerConfig(p, s), meta)
 		obj := consumerObject(name, want.Durable)
-		if _, off := offline[want.Durable]; off {
+		if _, off := offline[want.Durable]; off || isForeign(want.Durable) {
 			continue
 		}
 		got, ok := have[want.Durable]
@@ -179,7 +318,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 	rep.Created = append(rep.Created, created...)
 	rep.Updated = append(rep.Updated, updated...)
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return foreign, err
 	}
 
 	orphans := map[int]bool{}
@@ -194,8 +333,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 	for s := range orphans {
 		rep.Orphans = append(rep.Orphans, Unit{Partition: p, Shard: s})
 	}
-	sortUnits(rep.Orphans)
-	return nil
+	return foreign, nil
 }
 
 // provisionStream creates or corrects partition p's stream and returns

@@ -1,6 +1,7 @@
 package natsops
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -87,16 +88,35 @@ func TestProvisionReportsDriftAndCorrectsOnlyWhatIsSafe(t *testing.T) {
 	ccfg := cons.Config
 	ccfg.AckWait = 5 * time.Second
 	ccfg.PinnedTTL = time.Hour
-	ccfg.FilterSubject = l.FilterSubject(0, 7)
 	if err := jsa.updateConsumer(ctx, l.StreamName(0), ccfg); err != nil {
 		t.Fatalf("tamper with consumer: %v", err)
 	}
+	cons0, err := jsa.consumerInfo(ctx, l.StreamName(0), l.ConsumerDurable(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg0 := cons0.Config
+	ccfg0.FilterSubject = l.FilterSubject(0, 7)
+	ccfg0.AckWait = 5 * time.Second
+	if err := jsa.updateConsumer(ctx, l.StreamName(0), ccfg0); err != nil {
+		t.Fatalf("tamper with consumer: %v", err)
+	}
 
-	rep := mustProvision(t, nc, l)
+	// The foreign filter is refused (it would deliver another unit's rows
+	// under this unit's claim); everything else is still provisioned.
+	rep, err := Provision(testContext(t, 20*time.Second), nc, l)
+	var unsafe *UnsafeConfigError
+	if !errors.As(err, &unsafe) || len(unsafe.Findings) != 1 || unsafe.Findings[0].Field != "filter_subject" {
+		t.Fatalf("provision over a foreign filter: %v, want an *UnsafeConfigError naming filter_subject", err)
+	}
 	consumer := consumerObject(l.StreamName(0), l.ConsumerDurable(0, 1))
+	refused := consumerObject(l.StreamName(0), l.ConsumerDurable(0, 0))
 	want := []Finding{
+		// A refused consumer is left exactly as it is.
+		{Object: refused, Field: "ack_wait", Want: "30s", Got: "5s"},
+		{Object: refused, Field: "filter_subject", Want: l.FilterSubject(0, 0) + " only: another filter delivers rows of other units under this unit's claim",
+			Got: l.FilterSubject(0, 7), Unsafe: true},
 		{Object: consumer, Field: "ack_wait", Want: "30s", Got: "5s", Updated: true},
-		{Object: consumer, Field: "filter_subject", Want: l.FilterSubject(0, 1), Got: l.FilterSubject(0, 7)},
 		{Object: consumer, Field: "priority_timeout", Want: "2m0s", Got: "1h0m0s", Updated: true},
 		{Object: streamObject(l.StreamName(0)), Field: "num_replicas", Want: "1", Got: "3", Updated: true},
 	}
@@ -119,7 +139,7 @@ func TestProvisionReportsDriftAndCorrectsOnlyWhatIsSafe(t *testing.T) {
 	if ci.Config.AckWait != l.AckWait || ci.Config.PinnedTTL != l.PinnedTTL {
 		t.Fatalf("safe drift not corrected: ack_wait %s, priority_timeout %s", ci.Config.AckWait, ci.Config.PinnedTTL)
 	}
-	if ci.Config.FilterSubject != l.FilterSubject(0, 7) {
+	if ci := mustConsumerInfo(t, js, l.StreamName(0), l.ConsumerDurable(0, 0)); ci.Config.FilterSubject != l.FilterSubject(0, 7) {
 		t.Fatalf("filter changed to %s: a unit's rows must never be re-pointed silently", ci.Config.FilterSubject)
 	}
 	stream, err := js.Stream(testContext(t, 10*time.Second), l.StreamName(0))

@@ -38,6 +38,13 @@ type Holding struct {
 // the unit to the new owner as fresh rows.
 func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit) (retired []Unit, holding []Holding, err error) {
 	jsa := jsAPI{nc}
+	var refused []ForeignObject
+	streamOwners := map[string]map[string]string{}
+	defer func() {
+		if len(refused) > 0 && err == nil {
+			err = &OwnedElsewhereError{Owner: l.Owner, Objects: refused}
+		}
+	}()
 	for _, u := range units {
 		if err := ctx.Err(); err != nil {
 			return retired, holding, err
@@ -50,6 +57,12 @@ func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit)
 			continue
 		case err != nil:
 			return retired, holding, fmt.Errorf("load consumer %s: %w", ref, err)
+		}
+		if owner, foreign, err := foreignOwner(ctx, jsa, l.Owner, ref, st.Config.Metadata, streamOwners); err != nil {
+			return retired, holding, err
+		} else if foreign {
+			refused = append(refused, ForeignObject{Object: consumerObject(ref.Stream, ref.Name), Owner: owner})
+			continue
 		}
 		if st.NumPending > 0 || st.NumAckPending > 0 {
 			holding = append(holding, Holding{Unit: u, Pending: st.NumPending, AckPending: st.NumAckPending})
@@ -64,6 +77,29 @@ func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit)
 		retired = append(retired, u)
 	}
 	return retired, holding, nil
+}
+
+// foreignOwner says whether the consumer ref, whose metadata is meta, is
+// another topology's: by its own mark or, when it carries none, by its
+// stream's (read once per stream into streams).
+func foreignOwner(ctx context.Context, jsa jsAPI, want Owner, ref ConsumerRef, meta map[string]string, streams map[string]map[string]string) (Owner, bool, error) {
+	if !want.marked() {
+		return Owner{}, false, nil
+	}
+	if _, marked := ownerOf(meta); !marked {
+		smeta, ok := streams[ref.Stream]
+		if !ok {
+			stream, err := jsa.streamInfo(ctx, ref.Stream)
+			if err != nil {
+				return Owner{}, false, fmt.Errorf("load stream %s to read its owner: %w", ref.Stream, err)
+			}
+			smeta = stream.Config.Metadata
+			streams[ref.Stream] = smeta
+		}
+		meta = smeta
+	}
+	o, got := judgeOwner(want, meta)
+	return got, o == ownedElsewhere, nil
 }
 
 func sortUnits(us []Unit) {

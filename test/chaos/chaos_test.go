@@ -42,6 +42,15 @@ type specInput struct {
 	// counts its dead process for up to four minutes, and the census,
 	// failing closed, refuses RESET meanwhile).
 	CleanCensus bool
+	// DefaultPrefix leaves spec.nats.subjectPrefix unset: the topology
+	// uses the prefix the operator derives from its namespace and name.
+	DefaultPrefix bool
+	// SharesRegistry: the scene's registry database (and so the sink
+	// table beside it) is shared with another scene; its rows carry its
+	// id so each judges only its own.
+	SharesRegistry bool
+	// RegistryDSN, when set, is the other scene's database to share.
+	RegistryDSN string
 	// Act disturbs the running fleet and checks what the scenario
 	// promises beyond the verdict. It marks the disturbance with
 	// s.disturb and s.settle.

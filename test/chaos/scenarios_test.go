@@ -49,10 +49,18 @@ func scenarios() []specInput {
 		transform(base("11", "SubjectTransform V 8->16 reverted while Freezing", false, transformRevertedWhileFreezing(shape(2, 16)))),
 		base("12a", "worker SIGKILLed and restarted, steady state", false, killedAndRestarted(nil)),
 		base("12b", "worker SIGKILLed and restarted mid-change", true, killedAndRestarted(&mid)),
+		shared(base("13", "two topologies on one NATS account and registry: V change beside a deletion", false, sharedAccountAndRegistry(mid))),
 		// Last: the server it SIGKILLs is counted by the cluster for up
 		// to four minutes after, and the census refuses RESET meanwhile.
 		base("6", "NATS consumer leader killed during the unit's handover", true, natsLeaderKilledDuringHandover()),
 	}
+}
+
+// shared gives scenario 13 the default subject prefix and a registry it
+// shares with its neighbour (which has both too).
+func shared(in specInput) specInput {
+	in.DefaultPrefix, in.SharesRegistry = true, true
+	return in
 }
 
 // clean makes a scenario start from a census that allows RESET.

@@ -106,10 +106,19 @@ func newScene(t *testing.T, inf *infra, in specInput) *scene {
 	id := strings.ToLower(in.ID)
 	s := &scene{t: t, in: inf, input: in, ns: "chaos-" + id, params: sceneParams(), shapes: []ownership.Topology{in.From}}
 	s.logDir = mustTempDir(t, "shardkeeper-chaos-"+id+"-")
+	prefix := "chaos" + id
+	if in.DefaultPrefix {
+		prefix = topologyv1.DefaultSubjectPrefixFor(s.ns, "ingest")
+	}
+	rowPrefix := ""
+	if in.SharesRegistry {
+		// One sink table for both scenes: each reads only its own rows.
+		rowPrefix = id + "-"
+	}
 	s.fleet = fleettest.StartInfra(t, fleettest.Options{
 		Partitions: in.From.Partitions, Shards: in.From.Shards, Params: s.params,
 		AckWait: in.ackWait(), DrainTimeout: drainTimeout, Topology: s.ns + "/ingest",
-		NATS: natsView{t: t, c: inf.nats}, PG: inf.pg, SubjectPrefix: "chaos" + id,
+		NATS: natsView{t: t, c: inf.nats}, PG: inf.pg, SubjectPrefix: prefix, RegistryDSN: in.RegistryDSN, RowPrefix: rowPrefix,
 		Assignment: natsops.ShardAssignment(in.Assignment),
 	})
 	s.proxy = faultproxy.New(t, fmt.Sprintf("127.0.0.1:%d", inf.pg.Port))
@@ -326,6 +335,10 @@ func (s *scene) createTopology() {
 	s.t.Helper()
 	in := s.input
 	floor := in.VersionFloor
+	prefix := s.fleet.Layout.SubjectPrefix
+	if in.DefaultPrefix {
+		prefix = "" // the operator derives the fleet's from namespace and name
+	}
 	st := &topologyv1.ShardTopology{
 		ObjectMeta: metav1.ObjectMeta{Name: "ingest", Namespace: s.ns},
 		Spec: topologyv1.ShardTopologySpec{
@@ -334,7 +347,7 @@ func (s *scene) createTopology() {
 				URLs:                       s.in.nats.URLs(),
 				CredentialsSecretRef:       &topologyv1.SecretKeyRef{Name: "ingest-nats", Key: "app.creds"},
 				SystemCredentialsSecretRef: &topologyv1.SecretKeyRef{Name: "ingest-nats", Key: "sys.creds"},
-				SubjectPrefix:              s.fleet.Layout.SubjectPrefix,
+				SubjectPrefix:              prefix,
 				Replicas:                   3,
 				AckWait:                    &metav1.Duration{Duration: in.ackWait()},
 				PinnedTTL:                  &metav1.Duration{Duration: pinnedTTL},

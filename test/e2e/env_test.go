@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
 	"github.com/shardkeeper/shardkeeper/internal/operator"
 	"github.com/shardkeeper/shardkeeper/internal/testbed"
@@ -69,6 +70,11 @@ type world struct {
 func startWorld(t *testing.T, ns string, o worldOptions) *world {
 	t.Helper()
 	o.Topology = ns + "/ingest"
+	if o.SubjectPrefix == "" {
+		// The sample ShardTopology sets no prefix: the operator derives
+		// the topology's own, and the fleet's publishers must use it.
+		o.SubjectPrefix = topologyv1.DefaultSubjectPrefixFor(ns, "ingest")
+	}
 	w := &world{t: t, ns: ns, fleet: fleettest.StartInfra(t, o.Options), logs: &logSet{logs: map[string]*syncBuffer{}},
 		image: cmp.Or(o.Image, WorkerImage)}
 	env, err := kubetest.Start()
