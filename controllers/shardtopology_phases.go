@@ -74,6 +74,8 @@ type scope struct {
 	changed bool
 
 	census *censusReport
+	// natsDown says why no NATS server is reachable (Report fills it).
+	natsDown string
 	change changeReport
 	// plan is the change's plan as status.plan shows it; nil when no
 	// change is wanted this reconcile.
@@ -118,6 +120,7 @@ func (s *scope) observation(err error) observation {
 		roll:        s.roll,
 		provisioned: s.provisioned,
 		spec:        s.topo.Spec.Shape(),
+		natsDown:    s.natsDown,
 	}
 	o.retiring = len(s.retiringSet())
 	var stall *StallError
@@ -440,10 +443,41 @@ func report(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Res
 	if err := s.refreshRegistry(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
-	if f := assessFlow(s.snap, s.claims, s.activity, s.pending); len(f.stalled) > 0 {
+	s.natsDown = natsUnreachable(s.nc)
+	if f := assessFlow(s.snap, s.claims, s.activity, s.pending); len(f.stalled) > 0 || f.multiplyOwned > 0 || s.natsDown != "" {
 		return ctrl.Result{RequeueAfter: 2 * pollFast}, nil
 	}
 	return ctrl.Result{RequeueAfter: pollIdle}, nil
+}
+
+// natsUnreachable says why the stream account's connection reaches no
+// server, or "" when it is connected. It is the operator's own evidence
+// that NATS is down: workers that cannot pull still renew their leases,
+// and a census that got no reply says nothing about flow (P7).
+func natsUnreachable(nc *nats.Conn) string {
+	if nc == nil || nc.IsConnected() {
+		return ""
+	}
+	msg := fmt.Sprintf("the operator's connection to NATS is %s", natsStatusText(nc.Status()))
+	if err := nc.LastError(); err != nil {
+		msg += " (last error: " + err.Error() + ")"
+	}
+	return msg + "; no server it knows answers"
+}
+
+// natsStatusText names a connection status in words.
+func natsStatusText(st nats.Status) string {
+	switch st {
+	case nats.RECONNECTING:
+		return "reconnecting"
+	case nats.DISCONNECTED:
+		return "disconnected"
+	case nats.CLOSED:
+		return "closed"
+	case nats.CONNECTING:
+		return "connecting"
+	}
+	return st.String()
 }
 
 // layoutFor is what the spec asks of NATS for an N x V shape.

@@ -230,6 +230,10 @@ type changeReport struct {
 	// awaiting: the plan waits for approval; refused: the approve
 	// annotation names another plan.
 	awaiting, refused bool
+	// from is the epoch the change starts from: the active epoch when a
+	// change is decided before activation; nil for the first epoch and
+	// once activated (the active epoch is then the change's target).
+	from *poolctl.Epoch
 }
 
 // rollOutTopology runs the row of changeRules that applies now.
@@ -237,6 +241,10 @@ func rollOutTopology(ctx context.Context, r *ShardTopologyReconciler, s *scope) 
 	w := s.changeWorld()
 	rule := decide(w)
 	s.change = changeReport{state: rule.state, step: rule.action.step, inProgress: rule.state != stateSteady}
+	switch rule.state {
+	case stateProposed, stateChangeWanted, stateFreezing, stateStalePending:
+		s.change.from = w.active
+	}
 	s.publishPlan(w)
 	log.FromContext(ctx).V(1).Info("Topology change rule", "state", string(rule.state), "guard", rule.guard, "action", rule.action.name)
 	return rule.action.run(ctx, r, s, w)
