@@ -72,6 +72,9 @@ type scope struct {
 	pending []pendingRows
 	// changed: a step wrote the registry, so it is read again for status.
 	changed bool
+	// nextEpoch is the registry's number for the next epoch, read when a
+	// change is wanted (its plan's hash names it).
+	nextEpoch int64
 
 	census *censusReport
 	// natsDown says why no NATS server is reachable (Report fills it).

@@ -311,8 +311,8 @@ func TestTransformMovesOnlyAtActivationSoARevertedChangeLeavesNoRows(t *testing.
 	})
 }
 
-// Pause holds the next step (starting a change, activating it) and resume
-// goes on from where it stopped.
+// Pause holds the next step (starting a change) and resume goes on from
+// where it stopped; a freeze under way is finished, not held.
 func TestPauseHoldsTheNextStepAndResumeContinues(t *testing.T) {
 	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
 	f.withStatefulSet(0, "w")
@@ -350,33 +350,46 @@ func TestPauseHoldsTheNextStepAndResumeContinues(t *testing.T) {
 		}
 		return nil
 	})
-	// Paused by spec between Freeze and Activate: every ack arrives, but
-	// the epoch stays pending.
+	// Paused by spec between Freeze and Activate: pause does not hold a
+	// freeze (every member's claims stop while it lasts, so a worker that
+	// died meanwhile would never be replaced): once the ack arrives the
+	// epoch is activated, paused or not.
 	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = true })
+	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if c := findCondition(o, topologyv1.ConditionRolloutPaused); c == nil || c.Status != metav1.ConditionTrue || o.Status.ObservedGeneration != o.Generation {
+			return errors.New("want RolloutPaused=True at the current generation")
+		}
+		return nil
+	})
+	if p := f.snapshot().Pending; p == nil || slices.Contains(p.Acked, "a") {
+		t.Fatalf("pending %+v: want it unacknowledged when the pause came", p)
+	}
+	w.holdAcks.Store(false)
+	eventually(t, 20*time.Second, func() error {
+		if s := f.snapshot(); s.Pending != nil || s.Active == nil || s.Active.Shards != 4 {
+			return fmt.Errorf("active %+v pending %+v: want 1x4 activated while paused", s.Active, s.Pending)
+		}
+		return nil
+	})
+	// The next change is held by the pause again, before its freeze.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 8 })
 	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
 		if o.Status.Phase != topologyv1.PhasePaused || o.Status.ObservedGeneration != o.Generation {
 			return errors.New("want phase Paused at the current generation")
 		}
 		return nil
 	})
-	w.holdAcks.Store(false)
-	eventually(t, 10*time.Second, func() error {
-		if p := f.snapshot().Pending; p == nil || !slices.Contains(p.Acked, "a") {
-			return fmt.Errorf("pending %+v not acknowledged", p)
-		}
-		return nil
-	})
 	consistently(t, 2*time.Second, func() error {
-		if a := f.snapshot().Active; a.Shards != 2 {
-			return fmt.Errorf("activated %+v while paused", a)
+		if p := f.snapshot().Pending; p != nil {
+			return fmt.Errorf("epoch %d written as pending while paused", p.Number)
 		}
 		return nil
 	})
 
 	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = false })
 	st = f.waitReady(30 * time.Second)
-	if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 4 {
-		t.Fatalf("active %+v, want 1x4", a)
+	if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 8 {
+		t.Fatalf("active %+v, want 1x8", a)
 	}
 	wantConditionOf(t, st, topologyv1.ConditionRolloutPaused, metav1.ConditionFalse, topologyv1.ReasonNotPaused)
 }
