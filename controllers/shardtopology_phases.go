@@ -79,7 +79,7 @@ type scope struct {
 	census *censusReport
 	// natsDown says why no NATS server is reachable (Report fills it).
 	natsDown string
-	change changeReport
+	change   changeReport
 	// plan is the change's plan as status.plan shows it; nil when no
 	// change is wanted this reconcile.
 	plan        *topologyv1.PlanStatus
