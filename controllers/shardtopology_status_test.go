@@ -208,8 +208,9 @@ func TestComputeStatusCountsStalledAndMultiplyOwnedUnits(t *testing.T) {
 		t.Fatalf("units %+v, want 8 owned, 1 stalled, 1 multiply owned", u)
 	}
 	c := meta.FindStatusCondition(st.Conditions, topologyv1.ConditionReady)
-	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.1 (w-1: no activity report)") {
-		t.Fatalf("Ready %+v, want False/UnitsStalled naming 0.1", c)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != topologyv1.ReasonUnitsMultiplyOwned ||
+		!strings.Contains(c.Message, "pulled by two or more members within the flow window: 1.0") || !strings.Contains(c.Message, "0.1 (w-1: no activity report)") {
+		t.Fatalf("Ready %+v, want False/UnitsMultiplyOwned naming 1.0, and the stalled 0.1", c)
 	}
 }
 
