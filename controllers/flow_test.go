@@ -166,6 +166,19 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 	b.set(flowing("0.1", tb.Epoch, true))
 	f.waitReady(20 * time.Second)
 
+	// a renews and reports, but its last completed pull is long past (its
+	// NATS is gone): stalled, although the report itself is fresh.
+	a.set(poolctl.UnitActivity{Unit: "0.0", Epoch: ta.Epoch, SinceFetch: time.Minute, SinceRows: time.Minute})
+	st = f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		c := findCondition(o, topologyv1.ConditionReady)
+		if c == nil || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.0 (a: no pull completed for 1m0s") {
+			return errors.New("want Ready=False naming 0.0 with no pull completed")
+		}
+		return nil
+	})
+	a.set(flowing("0.0", ta.Epoch, true))
+	f.waitReady(20 * time.Second)
+
 	// Rows wait in 0.1 and b, which pulls, receives none: stalled once a
 	// census counted them and b's reports since say so.
 	b.set(flowing("0.1", tb.Epoch, false))
