@@ -9,9 +9,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/controllers"
 )
 
 func unitConsumers(n, v int) []string {
@@ -547,4 +549,60 @@ func TestPartitionChangeProvisionsAndRetiresAStreamsConsumers(t *testing.T) {
 		t.Fatalf("stream of partition 1 holds %d rows, want its 1 row kept", n)
 	}
 	waitEvent(t, f.ns, "StreamsKept", "SHARDKEEPER_INGEST_1")
+}
+
+// A change decided right after the first epoch became active (before any
+// reconcile reported the first epoch's rollout done) is a rollout of its
+// own from epoch 1: status.rollout.fromEpoch names it, the change waits
+// in Claim for its units after activation (so the pod roll is held), and
+// lastRollout records it from epoch 1, after recording the first epoch's.
+// The reconciler is driven by hand so the spec moves in that window.
+// checks P7
+func TestAChangeRightAfterTheFirstEpochIsAChangeFromIt(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	f.create()
+	rec := events.NewFakeRecorder(10000)
+	r := &controllers.ShardTopologyReconciler{Client: k, Recorder: rec}
+	var st *topologyv1.ShardTopology
+	eventually(t, 60*time.Second, func() error {
+		st = reconcileOnce(t, r, f.topo)
+		if st.Status.ActiveEpoch == nil {
+			return errors.New("no active epoch yet")
+		}
+		return nil
+	})
+	// The window: epoch 1 is active and its rollout still reported.
+	if ro := st.Status.Rollout; ro == nil || ro.Kind != topologyv1.RolloutKindTopology || ro.FromEpoch != nil {
+		t.Fatalf("rollout %+v: want the first epoch's rollout still reported after activation", ro)
+	}
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	eventually(t, 60*time.Second, func() error {
+		st = reconcileOnce(t, r, f.topo)
+		if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 4 {
+			return fmt.Errorf("active %+v, want 1x4", a)
+		}
+		return nil
+	})
+	// No worker owns the new units: the change waits in Claim, from 1.
+	st = reconcileOnce(t, r, f.topo)
+	ro := st.Status.Rollout
+	if ro == nil || ro.Kind != topologyv1.RolloutKindTopology || ro.FromEpoch == nil || ro.FromEpoch.Number != 1 || ro.Step != topologyv1.StepClaim {
+		t.Fatalf("rollout %+v: want the change from epoch 1 waiting in Claim", ro)
+	}
+	if l := st.Status.LastRollout; l == nil || l.From != "" || l.To != "epoch 1 (1x2)" {
+		t.Fatalf("last rollout %+v: want the first epoch's, to epoch 1", l)
+	}
+	// A worker claims every unit: the change finishes, from epoch 1.
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	eventually(t, 60*time.Second, func() error {
+		st = reconcileOnce(t, r, f.topo)
+		if st.Status.Rollout != nil {
+			return fmt.Errorf("rollout %+v still reported", st.Status.Rollout)
+		}
+		return nil
+	})
+	if l := st.Status.LastRollout; l == nil || l.From != "epoch 1 (1x2)" || !strings.HasPrefix(l.To, "epoch 2 (1x4)") || l.Result != topologyv1.RolloutSucceeded {
+		t.Fatalf("last rollout %+v: want the change from epoch 1 (1x2) to epoch 2 (1x4), succeeded", l)
+	}
 }
