@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/controllers"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
@@ -199,4 +200,90 @@ func TestPodRollDeletesAPodOnlyIfItsMemberHoldsNothingAtTheDelete(t *testing.T) 
 			}
 		})
 	}
+}
+
+// A pod roll is not held for ever behind an activated change whose units
+// nobody claims. The worker here reads N and V only at start: it
+// acknowledges the freeze but never claims the units the change added, so
+// the change stays in Claim; the template changed with it (a restart is
+// the fix). Status names the pod roll waiting behind the change, and once
+// claims can no longer be expected (the handover bound since the change
+// started) the roll goes on: the pod is asked to hand over. Before the
+// fix the roll waited in Claim for ever, and status did not name it.
+// checks P7
+func TestPodRollGoesOnBehindAChangeWhoseUnitsNobodyClaims(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	sts := f.withStatefulSet(1, "w")
+	if err := k.Get(context.Background(), client.ObjectKeyFromObject(sts), sts); err != nil {
+		t.Fatal(err)
+	}
+	handMadePod(t, sts, "ingest-0", "rev-1")
+	setUpdateRevision(t, sts, "rev-1")
+	f.create()
+	rec := events.NewFakeRecorder(10000)
+	r := &controllers.ShardTopologyReconciler{Client: k, Recorder: rec}
+	eventually(t, 60*time.Second, func() error {
+		st := reconcileOnce(t, r, f.topo)
+		if st.Status.ActiveEpoch == nil {
+			return errors.New("no active epoch yet")
+		}
+		return nil
+	})
+	m := joinReporting(t, f, "ingest-0")
+	t0, t1 := m.claim(t, 1, "0.0"), m.claim(t, 1, "0.1")
+	m.set(flowing("0.0", t0.Epoch, true), flowing("0.1", t1.Epoch, true))
+	eventually(t, 30*time.Second, func() error {
+		if st := reconcileOnce(t, r, f.topo); st.Status.Phase != topologyv1.PhaseReady {
+			return fmt.Errorf("phase %s, want Ready", st.Status.Phase)
+		}
+		return nil
+	})
+
+	// V 2 -> 4 and a new template at once.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	setUpdateRevision(t, sts, "rev-2")
+	ackAndReconcile := func() *topologyv1.ShardTopology {
+		if p := f.snapshot().Pending; p != nil {
+			if err := f.reg.AckFreeze(context.Background(), m.lease.MemberRef, p.Number); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return reconcileOnce(t, r, f.topo)
+	}
+	named := false
+	eventually(t, 60*time.Second, func() error {
+		st := ackAndReconcile()
+		if ro := st.Status.Rollout; ro != nil && strings.Contains(ro.Message, "pod roll: pod ingest-0 waits for the topology change to settle") {
+			named = true
+		}
+		if mm := f.snapshot().Member("ingest-0"); mm == nil || !mm.Draining {
+			return fmt.Errorf("ingest-0 not asked to hand over (rollout %+v)", st.Status.Rollout)
+		}
+		return nil
+	})
+	s := f.snapshot()
+	if s.Active == nil || s.Active.Shards != 4 {
+		t.Fatalf("active %+v: want the change activated before the roll went on", s.Active)
+	}
+	total, owned := 4, 0
+	for _, c := range mustClaims(t, f) {
+		if c.State != poolctl.StateFree && c.Owner != "" {
+			owned++
+		}
+	}
+	if owned == total {
+		t.Fatal("every unit was owned: the change was not waiting in Claim, so this does not show the deadlock")
+	}
+	if !named {
+		t.Fatal("status never named the pod roll waiting behind the change")
+	}
+}
+
+func mustClaims(t *testing.T, f *fleet) []poolctl.ClaimInfo {
+	t.Helper()
+	cs, err := f.reg.Claims(context.Background(), f.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
 }
