@@ -287,3 +287,75 @@ func mustClaims(t *testing.T, f *fleet) []poolctl.ClaimInfo {
 	}
 	return cs
 }
+
+// maxPodsAtOnce holds even when status lost the entry of a pod in flight
+// (an operator crash between the delete and the status write, or a
+// status write that did not land): the roll judges which pods are down
+// from the pods themselves. With ingest-1 gone (deleted, not recreated
+// yet) or terminating, and nothing in flight in status, ingest-0 is not
+// asked to hand over, let alone deleted; status says what it waits for.
+// Before the fix only a pod at the update revision that was not Ready
+// held the roll, so ingest-0 went down beside ingest-1.
+// checks P7
+func TestPodRollTakesNoSecondPodDownWhenStatusLostTheFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name, state, want string
+	}{
+		{"the other pod is gone", "missing", "waits for pod ingest-1 to be created"},
+		{"the other pod is terminating", "terminating", "waits for pod ingest-1 to terminate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+			sts := f.withStatefulSet(2, "w")
+			ctx := context.Background()
+			if err := k.Get(ctx, client.ObjectKeyFromObject(sts), sts); err != nil {
+				t.Fatal(err)
+			}
+			handMadePod(t, sts, "ingest-0", "rev-1")
+			if tc.state == "terminating" {
+				p := handMadePod(t, sts, "ingest-1", "rev-1")
+				p.Finalizers = []string{"test.shardkeeper.dev/hold"}
+				if err := k.Update(ctx, p); err != nil {
+					t.Fatal(err)
+				}
+				if err := k.Delete(ctx, p); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					cur := &corev1.Pod{}
+					if k.Get(ctx, client.ObjectKeyFromObject(p), cur) == nil {
+						cur.Finalizers = nil
+						_ = k.Update(ctx, cur)
+					}
+				})
+			}
+			setUpdateRevision(t, sts, "rev-2")
+			f.create()
+			r := &controllers.ShardTopologyReconciler{Client: k, Recorder: events.NewFakeRecorder(10000)}
+			eventually(t, 60*time.Second, func() error {
+				st := reconcileOnce(t, r, f.topo)
+				if st.Status.ActiveEpoch == nil {
+					return errors.New("no active epoch yet")
+				}
+				return nil
+			})
+			var msg string
+			consistently(t, 3*time.Second, func() error {
+				st := reconcileOnce(t, r, f.topo)
+				if ro := st.Status.Rollout; ro != nil {
+					msg = ro.Message
+				}
+				if err := k.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "ingest-0"}, &corev1.Pod{}); err != nil {
+					return fmt.Errorf("ingest-0 deleted while ingest-1 is %s: %v", tc.state, err)
+				}
+				if m := f.snapshot().Member("ingest-0"); m != nil && m.Draining {
+					return fmt.Errorf("ingest-0 asked to hand over while ingest-1 is %s", tc.state)
+				}
+				return nil
+			})
+			if !strings.Contains(msg, tc.want) {
+				t.Fatalf("rollout message %q does not say %q", msg, tc.want)
+			}
+		})
+	}
+}
