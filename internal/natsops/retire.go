@@ -6,6 +6,7 @@ import (
 	"maps"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/nats.go"
@@ -36,41 +37,91 @@ type Holding struct {
 // acknowledged. Should a later shape bring the unit back, Provision starts
 // its new consumer there instead of replaying the stream's whole history of
 // the unit to the new owner as fresh rows.
+//
+// ctx's deadline bounds the whole call. jsm takes no context, only a
+// timeout per request: each unit's requests run apart, with at most a
+// request timeout each, and the call returns at the deadline whatever
+// they are doing. A unit whose steps were still running then is reported
+// neither retired nor holding; its steps are idempotent, and a consumer
+// already deleted counts as retired next time.
 func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit) (retired []Unit, holding []Holding, err error) {
-	mgr, err := manager(ctx, nc)
-	if err != nil {
-		return nil, nil, err
-	}
 	for _, u := range units {
 		if err := ctx.Err(); err != nil {
 			return retired, holding, err
 		}
-		ref := l.ConsumerRef(u)
-		c, err := mgr.LoadConsumer(ref.Stream, ref.Name)
-		switch {
-		case jsm.IsNatsError(err, errCodeConsumerNotFound), jsm.IsNatsError(err, errCodeStreamNotFound):
-			retired = append(retired, u)
-			continue
-		case err != nil:
-			return retired, holding, fmt.Errorf("load consumer %s: %w", ref, err)
-		}
-		st, err := c.LatestState()
+		mgr, err := requestManager(ctx, nc)
 		if err != nil {
-			return retired, holding, fmt.Errorf("read state of consumer %s: %w", ref, err)
-		}
-		if st.NumPending > 0 || st.NumAckPending > 0 {
-			holding = append(holding, Holding{Unit: u, Pending: st.NumPending, AckPending: st.NumAckPending})
-			continue
-		}
-		if err := recordResume(mgr, ref, st.Delivered.Stream+1); err != nil {
 			return retired, holding, err
 		}
-		if err := mgr.DeleteConsumer(ref.Stream, ref.Name); err != nil && !jsm.IsNatsError(err, errCodeConsumerNotFound) {
-			return retired, holding, fmt.Errorf("delete consumer %s: %w", ref, err)
+		done := make(chan unitRetirement, 1)
+		go func() { done <- retireUnit(mgr, l.ConsumerRef(u)) }()
+		var r unitRetirement
+		select {
+		case r = <-done:
+		case <-ctx.Done():
+			return retired, holding, ctx.Err()
 		}
-		retired = append(retired, u)
+		switch {
+		case r.err != nil:
+			return retired, holding, r.err
+		case r.holding != nil:
+			r.holding.Unit = u
+			holding = append(holding, *r.holding)
+		default:
+			retired = append(retired, u)
+		}
 	}
 	return retired, holding, nil
+}
+
+// unitRetirement is what retireUnit did with one unit consumer: deleted
+// it (or found it gone), kept it (holding), or failed.
+type unitRetirement struct {
+	holding *Holding
+	err     error
+}
+
+// retireUnit deletes ref's consumer if it is drained, after recording
+// where it would resume.
+func retireUnit(mgr *jsm.Manager, ref ConsumerRef) unitRetirement {
+	c, err := mgr.LoadConsumer(ref.Stream, ref.Name)
+	switch {
+	case jsm.IsNatsError(err, errCodeConsumerNotFound), jsm.IsNatsError(err, errCodeStreamNotFound):
+		return unitRetirement{}
+	case err != nil:
+		return unitRetirement{err: fmt.Errorf("load consumer %s: %w", ref, err)}
+	}
+	st, err := c.LatestState()
+	if err != nil {
+		return unitRetirement{err: fmt.Errorf("read state of consumer %s: %w", ref, err)}
+	}
+	if st.NumPending > 0 || st.NumAckPending > 0 {
+		return unitRetirement{holding: &Holding{Pending: st.NumPending, AckPending: st.NumAckPending}}
+	}
+	if err := recordResume(mgr, ref, st.Delivered.Stream+1); err != nil {
+		return unitRetirement{err: err}
+	}
+	if err := mgr.DeleteConsumer(ref.Stream, ref.Name); err != nil && !jsm.IsNatsError(err, errCodeConsumerNotFound) {
+		return unitRetirement{err: fmt.Errorf("delete consumer %s: %w", ref, err)}
+	}
+	return unitRetirement{}
+}
+
+// requestManager is a JetStream manager whose requests time out at ctx's
+// deadline (jsm takes no context), or after a request timeout if sooner.
+func requestManager(ctx context.Context, nc *nats.Conn) (*jsm.Manager, error) {
+	timeout := defaultRequestTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+		if timeout <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+	}
+	mgr, err := jsm.New(nc, jsm.WithTimeout(timeout))
+	if err != nil {
+		return nil, fmt.Errorf("open JetStream manager: %w", err)
+	}
+	return mgr, nil
 }
 
 func sortUnits(us []Unit) {
