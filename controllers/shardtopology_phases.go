@@ -442,11 +442,17 @@ func (s *scope) refreshRegistry(ctx context.Context) error {
 // report reads the registry again when a step changed it, so status
 // describes the world after this reconcile's actions. While an owned unit
 // is stalled it looks again soon, so Ready follows the units' flow.
-func report(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+func report(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	if err := s.refreshRegistry(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
 	s.natsDown = natsUnreachable(s.nc)
+	if s.natsDown != "" {
+		// Servers that come back may have lost streams or consumers:
+		// provision again at the first reconcile that reaches them,
+		// rather than up to reprovisionEvery later.
+		r.conns().forgetProvisioned(s.key)
+	}
 	if f := assessFlow(s.snap, s.claims, s.activity, s.pending); len(f.stalled) > 0 || f.multiplyOwned > 0 || s.natsDown != "" {
 		return ctrl.Result{RequeueAfter: 2 * pollFast}, nil
 	}
