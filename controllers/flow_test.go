@@ -249,6 +249,13 @@ func TestARegistryThatStopsAnsweringReachesStatusWithinTheBound(t *testing.T) {
 		!strings.Contains(st.Status.Progress, "RegistryUnavailable: registry not read, units unknown") {
 		t.Fatalf("phase %s, units %+v, progress %q: want neither Ready nor the last counts", st.Status.Phase, st.Status.Units, st.Status.Progress)
 	}
+	// The metrics follow: the unit counts are absent, not the last ones.
+	eventually(t, 10*time.Second, func() error {
+		if v, ok := metricValue(t, "shardkeeper_units", map[string]string{"namespace": f.ns, "name": "ingest", "state": "flowing"}); ok {
+			return fmt.Errorf("shardkeeper_units{state=flowing} = %v while the registry is not read", v)
+		}
+		return nil
+	})
 	waitEvent(t, f.ns, topologyv1.ReasonRegistryUnavailable, "did not answer")
 
 	f.proxy.Hold(false)
