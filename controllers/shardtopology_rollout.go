@@ -726,6 +726,12 @@ func (s *scope) ensureProvisioned(ctx context.Context, r *ShardTopologyReconcile
 	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(&s.topo.Spec, t)), s.now, reprovisionEvery) {
 		return nil
 	}
+	if s.nc != nil && !s.nc.IsConnected() {
+		// Nothing answers (Report says NATS is unavailable): try at the
+		// first reconcile that reaches a server, rather than wait out
+		// every request's timeout now. Nothing is marked provisioned.
+		return nil
+	}
 	return s.provision(ctx, r, t, 0)
 }
 
