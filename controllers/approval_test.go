@@ -211,3 +211,69 @@ func TestAnApprovalOfAFinishedChangeIsNotRefusedAsStale(t *testing.T) {
 		return nil
 	})
 }
+
+// An approval names one epoch number: after a change that reached pending
+// and was reverted (the pending epoch retired), the same change asked
+// again is planned to the next epoch the registry will write, so its hash
+// differs and the approval still on the object does not start it. Before
+// the fix the plan named active+1 both times, and the old approval rolled
+// the second change out unread.
+// checks P7
+func TestAnApprovalGivenBeforeARevertDoesNotApproveTheNextChange(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.topo.Spec.Rollout.Approval = topologyv1.ApprovalManual
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	w := startSimWorker(t, f.reg, f.key(), "w-0", false)
+	f.waitReady(60 * time.Second)
+
+	proposed := func() *topologyv1.PlanStatus {
+		t.Helper()
+		st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+			if p := o.Status.Plan; o.Status.Phase != topologyv1.PhaseAwaitingApproval || p == nil || o.Status.ObservedGeneration != o.Generation {
+				return fmt.Errorf("plan %+v, want one awaiting approval", p)
+			}
+			return nil
+		})
+		return st.Status.Plan
+	}
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	first := proposed()
+	// Approved; the worker holds its ack, so the epoch stays pending.
+	w.holdAcks.Store(true)
+	f.update(func(o *topologyv1.ShardTopology) {
+		o.Annotations = map[string]string{topologyv1.ApproveAnnotation: first.Hash}
+	})
+	eventually(t, 20*time.Second, func() error {
+		if p := f.snapshot().Pending; p == nil || p.Number != 2 {
+			return fmt.Errorf("pending %+v, want epoch 2", p)
+		}
+		return nil
+	})
+	// Reverted while pending: epoch 2 is retired.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 2 })
+	eventually(t, 20*time.Second, func() error {
+		if s := f.snapshot(); s.Pending != nil || s.Active.Number != 1 {
+			return fmt.Errorf("active %+v pending %+v, want epoch 1 and nothing pending", s.Active, s.Pending)
+		}
+		return nil
+	})
+	// The same change again, with the first approval still set.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if c := meta.FindStatusCondition(o.Status.Conditions, topologyv1.ConditionReady); c == nil || c.Reason != topologyv1.ReasonApprovalRefused {
+			return fmt.Errorf("Ready %+v, want reason ApprovalRefused", c)
+		}
+		return nil
+	})
+	if p := st.Status.Plan; p == nil || p.Hash == first.Hash {
+		t.Fatalf("plan %+v: want a hash other than the approved %s", p, first.Hash)
+	}
+	consistently(t, 2*time.Second, func() error {
+		if p := f.snapshot().Pending; p != nil {
+			return fmt.Errorf("epoch %d written as pending on an approval of another epoch's plan", p.Number)
+		}
+		return nil
+	})
+}

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/operator"
 )
 
 // A census below the floor turns RESET off for the workers (the verdict in
@@ -90,4 +91,56 @@ func TestCensusVerdictIsPublishedAndFailsClosed(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Every NATS server down: the workers still renew their leases and report
+// (a worker that cannot pull keeps its claims), so reports alone would
+// keep Ready=True. The operator's own connection is the evidence: Ready
+// goes False with reason NATSUnavailable, the progress line says NATS is
+// unreachable, and the census says the servers are unreachable instead of
+// blaming the system credentials. Ready comes back with the servers.
+// checks P7
+func TestEveryNATSServerDownIsNotReady(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	startOperatorWith(t, f.ns, operator.Options{CensusInterval: time.Second})
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+
+	f.nats.Shutdown()
+	// The fault took effect: the servers are gone.
+	eventually(t, 10*time.Second, func() error {
+		if f.nc.IsConnected() {
+			return errors.New("the test's own NATS connection is still connected after shutdown")
+		}
+		return nil
+	})
+	down := time.Now()
+	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		c := findCondition(o, topologyv1.ConditionReady)
+		if c == nil || c.Reason != topologyv1.ReasonNATSUnavailable {
+			return errors.New("want Ready=False/NATSUnavailable")
+		}
+		return nil
+	})
+	t.Logf("Ready=False %s after the servers stopped", time.Since(down).Round(time.Millisecond))
+	c := wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonNATSUnavailable)
+	if st.Status.Phase == topologyv1.PhaseReady || !strings.Contains(st.Status.Progress, "NATS unreachable") || !strings.Contains(c.Message, "NATS") {
+		t.Fatalf("phase %s, progress %q, Ready message %q: want NATS named as unreachable", st.Status.Phase, st.Status.Progress, c.Message)
+	}
+	st = f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		c := findCondition(o, topologyv1.ConditionVersionFloorMet)
+		if c == nil || c.Reason != topologyv1.ReasonCensusFailed {
+			return errors.New("want VersionFloorMet=Unknown/CensusFailed")
+		}
+		return nil
+	})
+	v := wantConditionOf(t, st, topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonCensusFailed)
+	if !strings.Contains(v.Message, "NATS servers unreachable") || strings.Contains(v.Message, "must name a system-account user") {
+		t.Fatalf("census message %q: want the servers named unreachable, not the credentials blamed", v.Message)
+	}
+
+	f.nats.Restart(0)
+	f.waitReady(60 * time.Second)
 }

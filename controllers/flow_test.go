@@ -151,14 +151,33 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 
 	// b pulls 0.0 as well as its own unit: two members pull one unit.
 	b.set(flowing("0.1", tb.Epoch, true), flowing("0.0", ta.Epoch, true))
-	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+	st = f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
 		if u := o.Status.Units; u == nil || u.MultiplyOwned != 1 || !strings.Contains(o.Status.Progress, "1 multiply owned") {
 			return fmt.Errorf("units %+v, want 1 multiply owned", u)
 		}
 		return nil
 	})
+	// Two members pulling one unit is a P1 signal: never Ready beside it.
+	c = wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonUnitsMultiplyOwned)
+	if !strings.Contains(c.Message, ": 0.0") || st.Status.Phase == topologyv1.PhaseReady {
+		t.Fatalf("Ready message %q, phase %s: want 0.0 named and the phase not Ready", c.Message, st.Status.Phase)
+	}
 	eventually(t, 10*time.Second, func() error { return metric("shardkeeper_units_multiply_owned", 1) })
 	b.set(flowing("0.1", tb.Epoch, true))
+	f.waitReady(20 * time.Second)
+
+	// a renews and reports, but its last completed pull is long past (its
+	// NATS is gone): stalled, although the report itself is fresh.
+	a.set(poolctl.UnitActivity{Unit: "0.0", Epoch: ta.Epoch, SinceFetch: time.Minute, SinceRows: time.Minute})
+	st = f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		c := findCondition(o, topologyv1.ConditionReady)
+		if c == nil || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.0 (a: no pull completed for 1m0s") {
+			return errors.New("want Ready=False naming 0.0 with no pull completed")
+		}
+		return nil
+	})
+	a.set(flowing("0.0", ta.Epoch, true))
+	f.waitReady(20 * time.Second)
 
 	// Rows wait in 0.1 and b, which pulls, receives none: stalled once a
 	// census counted them and b's reports since say so.
@@ -200,15 +219,14 @@ func TestARegistryThatStopsAnsweringReachesStatusWithinTheBound(t *testing.T) {
 	f.withStatefulSet(0, "w")
 	startOperatorWith(t, f.ns, operator.Options{RegistryTimeout: bound})
 	f.create()
-	f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
-		if o.Status.ActiveEpoch == nil || o.Status.ObservedGeneration != o.Generation {
-			return errors.New("no active epoch yet")
-		}
-		return nil
-	})
+	// The worker reaches the registry directly, not through the proxy.
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
 
 	f.proxy.Hold(true)
 	held := time.Now()
+	// Ready looks again every 30s; a touch brings the next reconcile now.
+	f.update(func(o *topologyv1.ShardTopology) { o.Annotations = map[string]string{"test.shardkeeper.dev/poke": "1"} })
 	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
 		c := findCondition(o, topologyv1.ConditionReconciling)
 		if c == nil || c.Reason != topologyv1.ReasonRegistryUnavailable {
@@ -216,9 +234,8 @@ func TestARegistryThatStopsAnsweringReachesStatusWithinTheBound(t *testing.T) {
 		}
 		return nil
 	})
-	// The next reconcile starts within 2s (no worker owns the units, so
-	// the operator looks again that soon), and its first registry call
-	// gives up after the bound.
+	// The next reconcile starts at once (the touch), and its first
+	// registry call gives up after the bound.
 	if waited := time.Since(held); waited > 2*time.Second+bound+5*time.Second {
 		t.Fatalf("status reported the silent registry %s after it stopped answering", waited)
 	}
@@ -226,6 +243,19 @@ func TestARegistryThatStopsAnsweringReachesStatusWithinTheBound(t *testing.T) {
 	if !strings.Contains(c.Message, "the registry did not answer") || !strings.Contains(c.Message, bound.String()) {
 		t.Fatalf("Ready message %q does not say the registry did not answer within %s", c.Message, bound)
 	}
+	// Phase and progress say the reading failed, not what the last one
+	// read (the topology was Ready with 2/2 units owned).
+	if st.Status.Phase == topologyv1.PhaseReady || st.Status.Units != nil ||
+		!strings.Contains(st.Status.Progress, "RegistryUnavailable: registry not read, units unknown") {
+		t.Fatalf("phase %s, units %+v, progress %q: want neither Ready nor the last counts", st.Status.Phase, st.Status.Units, st.Status.Progress)
+	}
+	// The metrics follow: the unit counts are absent, not the last ones.
+	eventually(t, 10*time.Second, func() error {
+		if v, ok := metricValue(t, "shardkeeper_units", map[string]string{"namespace": f.ns, "name": "ingest", "state": "flowing"}); ok {
+			return fmt.Errorf("shardkeeper_units{state=flowing} = %v while the registry is not read", v)
+		}
+		return nil
+	})
 	waitEvent(t, f.ns, topologyv1.ReasonRegistryUnavailable, "did not answer")
 
 	f.proxy.Hold(false)

@@ -160,6 +160,12 @@ func recordStatusMetrics(key types.NamespacedName, st *topologyv1.ShardTopologyS
 		unitsGauge.WithLabelValues(ns, name, unitStateUnowned).Set(float64(u.Unowned))
 		unitsMultiplyOwnedGauge.WithLabelValues(ns, name).Set(float64(u.MultiplyOwned))
 		unitsRetiringGauge.WithLabelValues(ns, name).Set(float64(u.Retiring))
+	} else {
+		// Unknown (the registry was not read, or no epoch is active):
+		// absent, not the last reading's counts.
+		unitsGauge.DeletePartialMatch(topo)
+		unitsMultiplyOwnedGauge.DeletePartialMatch(topo)
+		unitsRetiringGauge.DeletePartialMatch(topo)
 	}
 	if m := st.Members; m != nil {
 		membersGauge.WithLabelValues(ns, name, "workload").Set(float64(m.Live - m.Foreign))

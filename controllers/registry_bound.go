@@ -222,3 +222,41 @@ func (b *boundedRegistry) PruneHistory(ctx context.Context, topology string, bef
 	}
 	return boundedErr(ctx, b, "PruneHistory", func(c context.Context) error { return h.PruneHistory(c, topology, before) })
 }
+
+// epochHistorian is the part of poolctl.HistoryReader that lists every
+// epoch the registry wrote.
+type epochHistorian interface {
+	EpochHistory(ctx context.Context, topology string) ([]poolctl.EpochSpan, error)
+}
+
+// EpochHistory lists the inner registry's epochs, when it keeps them
+// (poolctl.HistoryReader).
+func (b *boundedRegistry) EpochHistory(ctx context.Context, topology string) ([]poolctl.EpochSpan, error) {
+	h, ok := b.inner.(epochHistorian)
+	if !ok {
+		return nil, errNoHistory
+	}
+	return bounded(ctx, b, "EpochHistory", func(c context.Context) ([]poolctl.EpochSpan, error) { return h.EpochHistory(c, topology) })
+}
+
+// nextEpochNumber is the number CreatePending gives the next epoch: one
+// above every epoch the registry ever wrote (an abandoned pending one
+// included). 0 when the registry lists no epochs to the operator.
+func nextEpochNumber(ctx context.Context, reg poolctl.Registry, topology string) (int64, error) {
+	h, ok := reg.(epochHistorian)
+	if !ok {
+		return 0, nil
+	}
+	spans, err := h.EpochHistory(ctx, topology)
+	if errors.Is(err, errNoHistory) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var top int64
+	for _, e := range spans {
+		top = max(top, e.Number)
+	}
+	return top + 1, nil
+}

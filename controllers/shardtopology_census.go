@@ -116,7 +116,11 @@ func (r *ShardTopologyReconciler) census(ctx context.Context, s *scope) *censusR
 	})
 	if err != nil {
 		msg := err.Error()
-		if errors.Is(err, natsops.ErrNoReplies) {
+		switch {
+		case !s.sys.IsConnected():
+			// No server answers at all: credentials are not the question.
+			msg = fmt.Sprintf("NATS servers unreachable: the system-account connection is %s: %v", natsStatusText(s.sys.Status()), err)
+		case errors.Is(err, natsops.ErrNoReplies):
 			msg += "; spec.nats.systemCredentialsSecretRef must name a system-account user"
 		}
 		log.FromContext(ctx).Info("Census failed; RESET refused", "error", msg)

@@ -115,7 +115,10 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	defer func() {
 		obs := s.observation(retErr)
 		compute := func(t *topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return computeStatus(t, obs, s.now) }
-		if err := r.patchStatus(ctx, s, compute); err != nil && retErr == nil {
+		if err := r.patchStatus(ctx, s, compute); err != nil {
+			// A status that did not land is retried even after a
+			// terminal error: the step's error was logged already, and
+			// the stall it reports must reach status.
 			retErr = err
 		}
 	}()
@@ -198,15 +201,22 @@ func (r *ShardTopologyReconciler) event(s *scope, eventType, reason, action, not
 	r.Recorder.Eventf(s.topo, nil, eventType, reason, action, note, args...)
 }
 
+// statusPatchAttempts bounds patchStatus's conflict retries within one
+// reconcile; past it the write is retried by a requeue, never dropped.
+const statusPatchAttempts = 10
+
 // patchStatus writes the status compute gives for the object, with
 // optimistic locking: on a conflict it reads the object again and, if its
 // generation did not move (the observation still describes this spec),
 // computes the status anew on top of what the other writer wrote. A write
 // that changes nothing is skipped. Every condition that changed becomes an
-// Event, and the metrics follow the status written.
+// Event, and the metrics follow the status written. A write that does not
+// land (the generation moved, or conflicts went on) is an error, so the
+// reconcile is retried: status records what a restart needs (the pods in
+// flight of a roll), and losing it silently could take a second pod down.
 func (r *ShardTopologyReconciler) patchStatus(ctx context.Context, s *scope, compute func(*topologyv1.ShardTopology) topologyv1.ShardTopologyStatus) error {
 	before := s.topo
-	for attempt := 0; ; attempt++ {
+	for attempt := 1; ; attempt++ {
 		status := compute(before)
 		if statusEqual(before.Status, status) {
 			recordStatusMetrics(s.key, &status)
@@ -227,12 +237,18 @@ func (r *ShardTopologyReconciler) patchStatus(ctx context.Context, s *scope, com
 		case !apierrors.IsConflict(err):
 			return fmt.Errorf("patch status of %s: %w", s.key, err)
 		}
+		if attempt == statusPatchAttempts {
+			return fmt.Errorf("patch status of %s: still conflicting after %d attempts: %w", s.key, attempt, err)
+		}
 		fresh := &topologyv1.ShardTopology{}
-		if attempt == 2 || r.Client.Get(ctx, s.key, fresh) != nil || fresh.Generation != before.Generation {
-			// The spec moved: this observation is stale, and the watch
-			// brings a reconcile of the new generation.
-			log.FromContext(ctx).V(1).Info("Status patch skipped", "reason", err.Error())
-			return nil
+		if gerr := r.Client.Get(ctx, s.key, fresh); gerr != nil {
+			return fmt.Errorf("patch status of %s: read it again after a conflict: %w", s.key, gerr)
+		}
+		if fresh.Generation != before.Generation {
+			// The spec moved: this observation is stale. Retry the whole
+			// reconcile against the new generation.
+			return fmt.Errorf("patch status of %s: generation moved from %d to %d while reconciling: %w",
+				s.key, before.Generation, fresh.Generation, err)
 		}
 		before = fresh
 	}

@@ -18,7 +18,10 @@ import (
 //     report (made within flowWindow) saying they pulled it within
 //     flowWindow: two processes pulling one unit, whatever the claims say;
 //   - an owned unit is stalled when its owner's report for it is missing
-//     or stale, or when a census saw rows pending in its consumer and the
+//     or stale, when the owner reports freshly that its last completed
+//     pull is older than stallBound (NATS unreachable, a consumer gone: a
+//     worker that cannot pull still renews its lease and reports), or
+//     when a census saw rows pending in its consumer and the
 //     owner's latest report, made at least stallBound after that census,
 //     says it received no row since the census. The census judged is the
 //     latest one at least stallBound older than the report, so censuses
@@ -60,8 +63,10 @@ type pendingRows struct {
 
 // unitFlow is what the evidence says about the units.
 type unitFlow struct {
-	// multiplyOwned counts units pulled by two or more members at once.
-	multiplyOwned int
+	// multiplyOwned counts units pulled by two or more members at once;
+	// multiplyOwnedUnits names them, in the order the reports came.
+	multiplyOwned      int
+	multiplyOwnedUnits []string
 	// stalled lists the owned units of the active epoch that do not flow,
 	// in unit order.
 	stalled []stalledUnit
@@ -85,14 +90,20 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 	}
 	now, window, bound := snap.Now, flowWindow(snap.Params), stallBound(snap.Params)
 	fresh := func(r *poolctl.ActivityReport) bool { return now.Sub(r.ReportedAt) <= window }
-	f.multiplyOwned = multiplyPulled(reports, func(r *poolctl.ActivityReport) bool {
+	f.multiplyOwnedUnits = multiplyPulled(reports, func(r *poolctl.ActivityReport) bool {
 		return fresh(r) && !r.LastFetch.IsZero() && now.Sub(r.LastFetch) <= window
 	})
+	f.multiplyOwned = len(f.multiplyOwnedUnits)
 	if snap.Active == nil {
 		return f
 	}
 	latest := latestReports(snap, reports)
 	owners := ownedBy(snap, claims)
+	// Owners handing a unit over stopped pulling it on purpose.
+	handingOver := func(unit, owner string) bool {
+		m := snap.Member(owner)
+		return claims[unit].State == poolctl.StateHandover || (m != nil && m.Draining)
+	}
 	for _, u := range epochTopology(snap.Active).Units() {
 		unit := u.String()
 		owner := owners[unit]
@@ -106,6 +117,12 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 			why = "no activity report"
 		case !fresh(r):
 			why = fmt.Sprintf("last activity report %s ago", now.Sub(r.ReportedAt).Round(time.Second))
+		case !r.LastFetch.IsZero() && r.ReportedAt.Sub(r.LastFetch) > bound && !handingOver(unit, owner):
+			// A fresh report of an old pull: the owner is alive but
+			// cannot pull (every NATS server down, its consumer gone).
+			// A unit never pulled yet is left to the other checks: a new
+			// owner reports before its first pull completes.
+			why = fmt.Sprintf("no pull completed for %s", r.ReportedAt.Sub(r.LastFetch).Round(time.Second))
 		default:
 			c := censusBefore(pending, r.ReportedAt.Add(-bound))
 			if n := pendingAt(c, unit); n > 0 && (r.LastRows.IsZero() || r.LastRows.Before(c.at.Add(-clockSlack))) {
@@ -124,16 +141,16 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 // reconcile allocated.
 type memberUnit struct{ unit, member string }
 
-// multiplyPulled counts units that two or more incarnations report
+// multiplyPulled lists units that two or more incarnations report
 // pulling (counted reports only).
-func multiplyPulled(reports []poolctl.ActivityReport, counted func(*poolctl.ActivityReport) bool) int {
+func multiplyPulled(reports []poolctl.ActivityReport, counted func(*poolctl.ActivityReport) bool) []string {
 	type puller struct {
 		memberUnit
 		incarnation int64
 	}
 	seen := make(map[puller]bool, len(reports))
 	perUnit := make(map[string]int, len(reports))
-	n := 0
+	var units []string
 	for i := range reports {
 		r := &reports[i]
 		k := puller{memberUnit{r.Unit, r.Member}, r.Incarnation}
@@ -142,10 +159,10 @@ func multiplyPulled(reports []poolctl.ActivityReport, counted func(*poolctl.Acti
 		}
 		seen[k] = true
 		if perUnit[r.Unit]++; perUnit[r.Unit] == 2 {
-			n++
+			units = append(units, r.Unit)
 		}
 	}
-	return n
+	return units
 }
 
 // latestReports is, for each unit and member, the latest report of the

@@ -72,6 +72,13 @@ func TestAssessFlow(t *testing.T) {
 		{"rows pended once, but not at the latest census a bound old: not stalled",
 			flowing, []pendingRows{{at: census, units: map[string]uint64{"0.0": 40}}, {at: now.Add(-10 * time.Second), units: map[string]uint64{"0.0": 0}}}, 0, nil},
 		{"nothing pending and no row ever: idle, not stalled", flowing, []pendingRows{{at: census, units: map[string]uint64{}}}, 0, nil},
+		{"the owner reports freshly but completed no pull for longer than the bound (NATS down): stalled",
+			[]poolctl.ActivityReport{report("0.0", "w-0", 1, 0, 10*time.Second, 10*time.Second), flowing[1]}, nil, 0,
+			[]string{"0.0 (w-0: no pull completed for 10s"}},
+		{"the owner's last pull is within the bound: flowing",
+			[]poolctl.ActivityReport{report("0.0", "w-0", 1, 0, 8*time.Second, never), flowing[1]}, nil, 0, nil},
+		{"the owner never pulled yet (just claimed): not judged by its pulls",
+			[]poolctl.ActivityReport{report("0.0", "w-0", 1, 0, never, never), flowing[1]}, nil, 0, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,6 +101,14 @@ func TestAssessFlow(t *testing.T) {
 		s := snap()
 		s.Members[0].Live = false
 		if f := assessFlow(s, claims, flowing[1:], nil); len(f.stalled) != 0 {
+			t.Fatalf("stalled %v", f.stalled)
+		}
+	})
+	t.Run("a draining owner stopped pulling on purpose: not stalled by its pulls", func(t *testing.T) {
+		s := snap()
+		s.Members[0].Draining = true
+		old := []poolctl.ActivityReport{report("0.0", "w-0", 1, 0, time.Minute, never), flowing[1]}
+		if f := assessFlow(s, claims, old, nil); len(f.stalled) != 0 {
 			t.Fatalf("stalled %v", f.stalled)
 		}
 	})

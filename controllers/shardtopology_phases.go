@@ -72,9 +72,14 @@ type scope struct {
 	pending []pendingRows
 	// changed: a step wrote the registry, so it is read again for status.
 	changed bool
+	// nextEpoch is the registry's number for the next epoch, read when a
+	// change is wanted (its plan's hash names it).
+	nextEpoch int64
 
 	census *censusReport
-	change changeReport
+	// natsDown says why no NATS server is reachable (Report fills it).
+	natsDown string
+	change   changeReport
 	// plan is the change's plan as status.plan shows it; nil when no
 	// change is wanted this reconcile.
 	plan        *topologyv1.PlanStatus
@@ -122,6 +127,7 @@ func (s *scope) observation(err error) observation {
 		spec:        s.topo.Spec.Shape(),
 		workload:    workloadOf(s.sts),
 		stranded:    s.stranded,
+		natsDown:    s.natsDown,
 	}
 	o.retiring = len(s.retiringSet())
 	var stall *StallError
@@ -448,14 +454,51 @@ func (s *scope) refreshRegistry(ctx context.Context) error {
 // report reads the registry again when a step changed it, so status
 // describes the world after this reconcile's actions. While an owned unit
 // is stalled it looks again soon, so Ready follows the units' flow.
-func report(ctx context.Context, _ *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+func report(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	if err := s.refreshRegistry(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
-	if f := assessFlow(s.snap, s.claims, s.activity, s.pending); len(f.stalled) > 0 {
+	s.natsDown = natsUnreachable(s.nc)
+	if s.natsDown != "" {
+		// Servers that come back may have lost streams or consumers:
+		// provision again at the first reconcile that reaches them,
+		// rather than up to reprovisionEvery later.
+		r.conns().forgetProvisioned(s.key)
+	}
+	if f := assessFlow(s.snap, s.claims, s.activity, s.pending); len(f.stalled) > 0 || f.multiplyOwned > 0 || s.natsDown != "" {
 		return ctrl.Result{RequeueAfter: 2 * pollFast}, nil
 	}
 	return ctrl.Result{RequeueAfter: pollIdle}, nil
+}
+
+// natsUnreachable says why the stream account's connection reaches no
+// server, or "" when it is connected. It is the operator's own evidence
+// that NATS is down: workers that cannot pull still renew their leases,
+// and a census that got no reply says nothing about flow (P7).
+func natsUnreachable(nc *nats.Conn) string {
+	if nc == nil || nc.IsConnected() {
+		return ""
+	}
+	msg := fmt.Sprintf("the operator's connection to NATS is %s", natsStatusText(nc.Status()))
+	if err := nc.LastError(); err != nil {
+		msg += " (last error: " + err.Error() + ")"
+	}
+	return msg + "; no server it knows answers"
+}
+
+// natsStatusText names a connection status in words.
+func natsStatusText(st nats.Status) string {
+	switch st {
+	case nats.RECONNECTING:
+		return "reconnecting"
+	case nats.DISCONNECTED:
+		return "disconnected"
+	case nats.CLOSED:
+		return "closed"
+	case nats.CONNECTING:
+		return "connecting"
+	}
+	return st.String()
 }
 
 // layoutFor is what the topology asks of NATS for an N x V shape: its

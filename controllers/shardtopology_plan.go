@@ -55,6 +55,26 @@ func changeInput(w *changeWorld, claims map[string]poolctl.ClaimInfo) ownership.
 // the live members with a slot and the claims they hold. Without a live
 // member there is nothing to move: the plan only adds and removes units.
 func changePlan(w *changeWorld, claims map[string]poolctl.ClaimInfo) ownership.Plan {
+	plan := planOver(w, claims)
+	if w.nextEpoch > 0 && plan.ToEpoch != w.nextEpoch {
+		// The registry numbers the next epoch after every epoch it ever
+		// wrote, an abandoned pending one included: the plan (and its
+		// hash) names that number, so an approval given before an abort
+		// or a change and revert never approves the next change.
+		old := plan.ToEpoch
+		plan.ToEpoch = w.nextEpoch
+		for i := range plan.Steps {
+			if plan.Steps[i].Epoch == old {
+				plan.Steps[i].Epoch = w.nextEpoch
+			}
+		}
+	}
+	return plan
+}
+
+// planOver is ownership's plan of the change, to the epoch after the
+// active one.
+func planOver(w *changeWorld, claims map[string]poolctl.ClaimInfo) ownership.Plan {
 	in := changeInput(w, claims)
 	plan, err := ownership.PlanChange(in)
 	if err != nil {

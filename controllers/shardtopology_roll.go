@@ -26,13 +26,20 @@ import (
 // that do not run the StatefulSet's update revision, highest ordinal
 // first, spec.rollout.maxPodsAtOnce at a time. For each pod:
 //
-//  1. HandingOver: ask it to hand over (Registry.SetDraining true); every
-//     worker leaves a draining member out of placement, so its units move
-//     away, and the draining member claims nothing.
+//  1. HandingOver: ask it to hand over (Registry.SetDraining true), also
+//     when its worker has not joined or has left (the registry keeps the
+//     request for a later join); every worker leaves a draining member
+//     out of placement, so its units move away, and the draining member
+//     claims nothing (poolctl.ErrDraining).
 //  2. Verify in the registry that its member holds nothing; requeue until
 //     then, and stall (still polling) once drainTimeout + lease + grace
 //     have passed.
-//  3. Deleting: delete it, with its UID as precondition, so a replacement
+//  3. Deleting: set the drain request again (a person or a stray clear
+//     may have lifted it), read the member from the registry once more
+//     under it, and delete only if it holds nothing at that moment. A
+//     member under a drain request cannot claim between that reading and
+//     the delete, so "holds nothing" is still true when the pod goes.
+//     The delete carries the pod's UID as precondition, so a replacement
 //     that appeared meanwhile is never deleted by mistake.
 //  4. Rejoining: once its replacement (same name, new UID) joined the
 //     registry with a later incarnation than the one asked to hand over,
@@ -230,18 +237,43 @@ func rollPods(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.R
 }
 
 // rollSettledTopology reports whether the topology lets a new pod start:
-// nothing pending, and no change is starting in this reconcile.
-func (s *scope) rollSettledTopology() bool {
-	if s.snap.Pending != nil {
-		return false
+// nothing pending, and no change is starting in this reconcile. While an
+// activated change waits for its units to be claimed (Claiming), the roll
+// waits too, but only as long as claims can be expected: with no live
+// worker, or once the handover bound (drainTimeout + leaseTTL + grace)
+// has passed since the change started, it goes on, since restarting the
+// pods is then the fix (workers that crash, or read N and V only at
+// start), and the epoch is active, so nothing is frozen. Otherwise it
+// says what the pod waits for.
+func (s *scope) rollSettledTopology() (bool, string) {
+	if p := s.snap.Pending; p != nil {
+		return false, fmt.Sprintf("epoch %d (%dx%d) is pending: claims are frozen until it is activated", p.Number, p.Partitions, p.Shards)
 	}
 	switch s.change.state {
 	case stateSteady, stateRetiring:
-		return true
+		return true, ""
 	case stateChangeWanted:
-		return s.change.aborted
+		if s.change.aborted {
+			return true, ""
+		}
+		return false, "a topology change is about to start"
+	case stateClaiming:
+		if len(s.snap.LiveMembers()) == 0 {
+			return true, ""
+		}
+		bound := s.topo.Spec.Rollout.DrainTimeoutOrDefault() + s.params.LeaseTTL + s.params.Grace
+		started := s.now
+		if r := s.topo.Status.Rollout; r != nil && r.Kind == topologyv1.RolloutKindTopology && r.StartedAt != nil {
+			started = r.StartedAt.Time
+		}
+		if waited := s.now.Sub(started); waited > bound {
+			return true, ""
+		}
+		total, owned := unitCounts(s.snap, s.claims)
+		return false, fmt.Sprintf("the active epoch's units are being claimed (%d/%d owned); the roll goes on %s after the change started if claims do not finish",
+			owned, total, bound)
 	}
-	return false
+	return false, fmt.Sprintf("the topology change is at %s", s.change.state)
 }
 
 // startPods starts handing over the next outdated pods, up to
@@ -254,32 +286,47 @@ func (r *ShardTopologyReconciler) startPods(ctx context.Context, s *scope) (stri
 		return "", nil
 	}
 	next := outdated[0].name
+	settled, why := s.rollSettledTopology()
 	switch {
-	case !s.rollSettledTopology():
-		return fmt.Sprintf("pod %s waits for the topology change to settle", next), nil
+	case !settled:
+		return fmt.Sprintf("pod %s waits for the topology change to settle: %s", next, why), nil
 	case s.topo.IsPaused():
 		s.roll.held = true
 		return fmt.Sprintf("paused before handing over pod %s", next), nil
 	}
-	// Do not take a pod down while another one that should serve is not
-	// Ready (outdated pods are excepted: replacing them may be the fix).
-	for _, p := range w.pods {
-		if p.ordinal < w.replicas && !p.ready && p.revision == w.updateRevision &&
-			!slices.ContainsFunc(s.roll.inFlight, func(e topologyv1.PodRollStatus) bool { return e.Name == p.name }) {
-			return fmt.Sprintf("pod %s waits for pod %s to be Ready", next, p.name), nil
+	// Do not take a pod down while another one that should serve is
+	// down: missing or terminating (a pod this roll deleted whose status
+	// entry was lost looks just like that), or not Ready at the update
+	// revision (outdated pods that are not Ready are excepted: replacing
+	// them may be the fix). This is judged from the pods, not from
+	// status, so maxPodsAtOnce holds even when status lost an entry.
+	for i := range w.replicas {
+		name := w.sts.Name + "-" + strconv.Itoa(i)
+		if slices.ContainsFunc(s.roll.inFlight, func(e topologyv1.PodRollStatus) bool { return e.Name == name }) {
+			continue
+		}
+		switch p, ok := w.pods[name]; {
+		case !ok:
+			return fmt.Sprintf("pod %s waits for pod %s to be created", next, name), nil
+		case p.deleting:
+			return fmt.Sprintf("pod %s waits for pod %s to terminate and come back", next, name), nil
+		case !p.ready && p.revision == w.updateRevision:
+			return fmt.Sprintf("pod %s waits for pod %s to be Ready", next, name), nil
 		}
 	}
 	var started []string
 	for _, p := range outdated[:min(room, len(outdated))] {
 		e := topologyv1.PodRollStatus{Name: p.name, Step: topologyv1.PodStepHandingOver, UID: string(p.uid), Since: ptrTime(s.now)}
-		if m := s.snap.Member(p.name); m != nil && !m.Left {
+		if m := s.snap.Member(p.name); m != nil {
 			e.Incarnation = m.Incarnation
 			e.Holds = int32(m.Holds)
-			if err := s.setDraining(ctx, p.name, true); err != nil {
-				return "", err
-			}
-			s.changed = true
 		}
+		// Whether or not its worker joined (or left): one that joins
+		// from now on claims nothing.
+		if err := s.setDraining(ctx, p.name, true); err != nil {
+			return "", err
+		}
+		s.changed = true
 		log.FromContext(ctx).Info("Pod asked to hand over", "member", p.name, "holds", e.Holds, "revision", p.revision, "updateRevision", w.updateRevision)
 		r.event(s, eventNormal, "PodHandoverRequested", "HandOver",
 			"pod %s (revision %s, update revision %s) asked to hand over its units before it is restarted", p.name, p.revision, w.updateRevision)
@@ -348,7 +395,7 @@ func (r *ShardTopologyReconciler) advanceOldPod(ctx context.Context, s *scope, e
 		// exists until someone adopts the unit (P6), so the pod still owns
 		// rows in flight.
 		e.Step, e.Holds = topologyv1.PodStepHandingOver, int32(m.Holds)
-		if !m.Draining && !m.Left {
+		if !m.Draining {
 			// The request was cleared by someone else: ask again.
 			if err := s.setDraining(ctx, e.Name, true); err != nil {
 				return nil, "", err
@@ -376,20 +423,32 @@ func (r *ShardTopologyReconciler) advanceOldPod(ctx context.Context, s *scope, e
 		s.roll.held = true
 		return &e, fmt.Sprintf("pod %s handed over; paused before deleting it", e.Name), nil
 	}
+	// Delete only what the registry says holds nothing right now, under
+	// a drain request that keeps it so until the pod is gone.
+	m, err := s.drainedMember(ctx, e.Name)
+	if err != nil {
+		return nil, "", err
+	}
+	if m != nil && m.Holds > 0 {
+		e.Step, e.Holds, e.Since = topologyv1.PodStepHandingOver, int32(m.Holds), ptrTime(s.now)
+		e.Incarnation = max(e.Incarnation, m.Incarnation)
+		log.FromContext(ctx).Info("Pod claimed units after its handover was verified; delete called off", "member", e.Name, "holds", m.Holds)
+		return &e, fmt.Sprintf("pod %s: holds %d units again; handing over before it is deleted", e.Name, m.Holds), nil
+	}
 	if m != nil {
 		// The replacement must join after whatever incarnation runs now.
 		e.Incarnation = max(e.Incarnation, m.Incarnation)
 	}
 	uid := types.UID(e.UID)
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: e.Name, Namespace: s.topo.Namespace}}
-	err := r.Client.Delete(ctx, p, client.Preconditions{UID: &uid})
+	err = r.Client.Delete(ctx, p, client.Preconditions{UID: &uid})
 	switch {
 	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 		// Gone already, or replaced (the UID precondition failed).
 	case err != nil:
 		return nil, "", fmt.Errorf("delete pod %s: %w", e.Name, err)
 	default:
-		r.event(s, eventNormal, "PodDeleted", "Restart", "deleted pod %s, which holds no units; the StatefulSet controller recreates it at revision %s",
+		r.event(s, eventNormal, "PodDeleted", "Restart", "deleted pod %s, which the registry showed holding no units under a drain request that refuses its claims; the StatefulSet controller recreates it at revision %s",
 			e.Name, s.rollWorld.updateRevision)
 	}
 	e.Step, e.Since = topologyv1.PodStepDeleting, ptrTime(s.now)
@@ -425,8 +484,24 @@ func (s *scope) holdsPlacement(m *poolctl.Member) (bool, string) {
 	return false, fmt.Sprintf("holds %d of the %d units placement gives it; %d/%d units owned", have, want, owned, total)
 }
 
-// setDraining sets or clears the member's drain request. A pod that never
-// joined has no member row and nothing to hand over.
+// drainedMember sets member's drain request and then reads the member
+// from the registry under it: what it holds then it can no longer add to
+// (a draining member claims nothing), so a delete decided on it is
+// decided on the registry at that moment. nil means no row at all.
+func (s *scope) drainedMember(ctx context.Context, member string) (*poolctl.Member, error) {
+	if err := s.setDraining(ctx, member, true); err != nil {
+		return nil, err
+	}
+	snap, err := s.reg.Snapshot(ctx, s.registryKey())
+	if err != nil {
+		return nil, fmt.Errorf("read member %s again before deleting its pod: %w", member, err)
+	}
+	s.changed = true
+	return snap.Member(member), nil
+}
+
+// setDraining sets or clears the member's drain request. Clearing the
+// request of a name with no row is a no-op.
 func (s *scope) setDraining(ctx context.Context, member string, draining bool) error {
 	err := s.reg.SetDraining(ctx, s.registryKey(), member, draining)
 	if errors.Is(err, poolctl.ErrNotMember) {

@@ -79,6 +79,9 @@ type changeWorld struct {
 	// approve annotation says about it.
 	plan     *ownership.Plan
 	approval approval
+	// nextEpoch is the number the registry gives the next epoch (after
+	// every epoch it wrote); 0 when not read.
+	nextEpoch int64
 }
 
 // state derives the change state from the world.
@@ -157,7 +160,6 @@ var (
 //	Unprovisioned  paused                             hold             Provision
 //	Unprovisioned  -                                  start epoch      Provision -> Freeze
 //	StalePending   -                                  retire pending   Abort
-//	Freezing       paused                             hold             Activate
 //	Freezing       a live member has not acked        wait (1s)        Freeze
 //	Freezing       -                                  activate, move   Activate -> Claim
 //	                                                  the transform
@@ -173,6 +175,13 @@ var (
 //	Retiring       -                                  retire drained   Retire
 //	Steady         -                                  keep provisioned -
 //
+// Pause does not hold a freeze: a pending epoch stops every member's
+// claims, so a member that died while it was held would never have its
+// units adopted. A freeze under way is finished (activated once every
+// live member acknowledged, which a dead member stops blocking when its
+// lease lapses); pause holds the steps before it and after it (Provision,
+// Retire, the pod roll).
+//
 // Proposed exists only under spec.rollout.approval: Manual; its rows
 // change nothing in the world (shardtopology_plan.go). Claiming reports
 // HandOver while a moved unit is still held by its old owner.
@@ -184,7 +193,6 @@ var changeRules = []changeRule{
 	{stateUnprovisioned, "paused", isPaused, actHold(topologyv1.StepProvision)},
 	{stateUnprovisioned, "", always, actStartEpoch},
 	{stateStalePending, "", always, actRetirePending},
-	{stateFreezing, "paused", isPaused, actHold(topologyv1.StepActivate)},
 	{stateFreezing, "a live member has not acknowledged the freeze", notAllAcked, actWaitForAcks},
 	{stateFreezing, "", always, actActivate},
 	{stateProposed, "abort annotation set", isAborted, actHoldAborted},
@@ -232,13 +240,28 @@ type changeReport struct {
 	awaiting, refused bool
 	// approvedHash is the plan hash an approval started this reconcile.
 	approvedHash string
+	// from is the epoch the change starts from: the active epoch when a
+	// change is decided before activation; nil for the first epoch and
+	// once activated (the active epoch is then the change's target).
+	from *poolctl.Epoch
 }
 
 // rollOutTopology runs the row of changeRules that applies now.
 func rollOutTopology(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	if a := s.snap.Active; a != nil && s.snap.Pending == nil && epochTopology(a) != s.target() {
+		next, err := nextEpochNumber(ctx, s.reg, s.registryKey())
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("read the next epoch's number: %w", err)
+		}
+		s.nextEpoch = next
+	}
 	w := s.changeWorld()
 	rule := decide(w)
 	s.change = changeReport{state: rule.state, step: rule.action.step, inProgress: rule.state != stateSteady}
+	switch rule.state {
+	case stateProposed, stateChangeWanted, stateFreezing, stateStalePending:
+		s.change.from = w.active
+	}
 	s.publishPlan(w)
 	log.FromContext(ctx).V(1).Info("Topology change rule", "state", string(rule.state), "guard", rule.guard, "action", rule.action.name)
 	return rule.action.run(ctx, r, s, w)
@@ -262,6 +285,7 @@ func (s *scope) changeWorld() *changeWorld {
 		w.allOwned = total == owned
 		w.retire = s.unitsToRetire(epochTopology(w.active))
 	}
+	w.nextEpoch = s.nextEpoch
 	if w.active != nil && w.pending == nil && epochTopology(w.active) != w.target {
 		p := changePlan(w, s.claims)
 		w.plan = &p
@@ -733,6 +757,12 @@ func (s *scope) ensureActiveProvisioned(ctx context.Context, r *ShardTopologyRec
 // unless this process did exactly that within reprovisionEvery.
 func (s *scope) ensureProvisioned(ctx context.Context, r *ShardTopologyReconciler, t ownership.Topology) error {
 	if r.conns().provisionedRecently(s.key, provisionedKey(layoutFor(s.topo, t)), s.now, reprovisionEvery) {
+		return nil
+	}
+	if s.nc != nil && !s.nc.IsConnected() {
+		// Nothing answers (Report says NATS is unavailable): try at the
+		// first reconcile that reaches a server, rather than wait out
+		// every request's timeout now. Nothing is marked provisioned.
 		return nil
 	}
 	return s.provision(ctx, r, t, 0)

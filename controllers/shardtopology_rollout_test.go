@@ -48,8 +48,11 @@ func TestDecideTopologyChange(t *testing.T) {
 			stateFreezing, "WaitForAcks"},
 		{"pending, every live member acknowledged: activate", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a", "b"), live: live},
 			stateFreezing, "Activate"},
-		{"pending and acknowledged but paused: hold before activating", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a", "b"), live: live, paused: true},
-			stateFreezing, "Hold"},
+		// Pause does not hold a freeze: claims are frozen while it lasts.
+		{"pending and acknowledged while paused: the freeze is finished, not held", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a", "b"), live: live, paused: true},
+			stateFreezing, "Activate"},
+		{"pending while paused, one member has not acknowledged: wait for it", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a"), live: live, paused: true},
+			stateFreezing, "WaitForAcks"},
 		{"the first epoch pending with no member: activate", changeWorld{target: to, pending: epoch(1, 2, 8, poolctl.EpochPending)}, stateFreezing, "Activate"},
 		{"pending epoch the spec no longer wants: retire it", changeWorld{target: ownership.Topology{Partitions: 2, Shards: 4}, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending), live: live},
 			stateStalePending, "RetirePending"},
@@ -135,6 +138,17 @@ func TestPlanHashChangesWithThePlan(t *testing.T) {
 	w4.target.Shards = 16
 	if h4 := planHash(changePlan(&w4, claims)); h4 == h1 {
 		t.Fatalf("another target kept the hash %s", h1)
+	}
+	// After an abort (or a change and revert that reached pending) the
+	// registry's next epoch is not active+1: an approval of the earlier
+	// plan, to the abandoned epoch, must not approve this one.
+	w5, w6 := *w, *w
+	w5.nextEpoch, w6.nextEpoch = 2, 3
+	if h5, h6 := planHash(changePlan(&w5, claims)), planHash(changePlan(&w6, claims)); h5 == h6 || h5 != h1 {
+		t.Fatalf("hash to epoch 2 %s, to epoch 3 %s (active+1 gives %s): want the next epoch's number in the hash", h5, h6, h1)
+	}
+	if p := changePlan(&w6, claims); p.ToEpoch != 3 {
+		t.Fatalf("plan to epoch %d, want the registry's next epoch 3", p.ToEpoch)
 	}
 	ps := planStatus(changePlan(w, claims), w.active, &topologyv1.RolloutSpec{})
 	if ps.UnitsAdded != 4 || ps.UnitsRemoved != 0 || ps.UnitsMoved+ps.UnitsKept != 4 || len(ps.Pods) != 2 || ps.EstimatedDuration == nil {

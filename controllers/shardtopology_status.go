@@ -43,6 +43,8 @@ type observation struct {
 	retiring int
 	// workload names the workload's pods; nil when it was not read.
 	workload *workloadPods
+	// natsDown says why no NATS server is reachable; "" when one is.
+	natsDown string
 }
 
 // registryView is a snapshot and what was read with it.
@@ -107,13 +109,19 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 		set(topologyv1.ConditionReconciling, metav1.ConditionFalse, o.stall.Reason, "waiting for the spec or the object it names to change")
 		st.ObservedGeneration = t.Generation
 	case o.err != nil:
-		// A retry may fix it: keep phase and observedGeneration, since
-		// this generation's steps did not all run; but not a phase of
-		// Stalled, which Stalled=False below would contradict (after a
+		// A retry may fix it: keep observedGeneration, since this
+		// generation's steps did not all run, and a phase that says work
+		// is under way; Ready and Stalled are verdicts this reconcile
+		// could not reach, so they give way to Pending (after a
 		// SecretNotFound, PHASE read Stalled beside Stalled=False).
 		msg, reason := scrubConnStrings(o.err.Error()), errorReason(o.err)
-		if st.Phase == topologyv1.PhaseStalled {
+		if st.Phase == topologyv1.PhaseReady || st.Phase == topologyv1.PhaseStalled || st.Phase == "" {
 			st.Phase = topologyv1.PhasePending
+		}
+		if o.registry == nil {
+			// Not read this time: counts from an earlier reading would
+			// say something nobody knows now.
+			st.Units = nil
 		}
 		set(topologyv1.ConditionStalled, metav1.ConditionFalse, reason, "retrying: "+msg)
 		set(topologyv1.ConditionReady, metav1.ConditionFalse, reason, msg)
@@ -132,6 +140,9 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 		st.ObservedGeneration = t.Generation
 	}
 	st.Progress = progressText(&st, o)
+	if o.err != nil && o.registry == nil {
+		st.Progress = fmt.Sprintf("%s: registry not read, units unknown", errorReason(o.err))
+	}
 	return st
 }
 
@@ -144,11 +155,13 @@ func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase
 		reason = topologyv1.ReasonProvisioning
 	}
 	u := st.Units
-	var stalled []string
+	var stalled, multiply []string
 	if o.registry != nil {
-		for _, su := range o.registry.flow().stalled {
+		f := o.registry.flow()
+		for _, su := range f.stalled {
 			stalled = append(stalled, su.String())
 		}
+		multiply = f.multiplyOwnedUnits
 	}
 	switch {
 	case o.change.held || o.roll.held:
@@ -163,6 +176,15 @@ func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase
 		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, o.change.message
 	case o.roll.active:
 		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, o.roll.message
+	case o.natsDown != "":
+		return topologyv1.PhasePending, topologyv1.ReasonNATSUnavailable,
+			"whether units flow cannot be judged: " + o.natsDown
+	case len(multiply) > 0:
+		msg := fmt.Sprintf("%d units pulled by two or more members within the flow window: %s", len(multiply), firstN(multiply, 4))
+		if len(stalled) > 0 {
+			msg += fmt.Sprintf("; %d owned units do not flow: %s", len(stalled), firstN(stalled, 4))
+		}
+		return topologyv1.PhasePending, topologyv1.ReasonUnitsMultiplyOwned, msg
 	case u != nil && u.Owned < u.Total:
 		workers := 0
 		if o.registry != nil {
@@ -223,9 +245,9 @@ func finishedRollout(before, st *topologyv1.ShardTopologyStatus, o observation, 
 	switch {
 	case prev == nil:
 		return nil
-	case cur != nil && cur.Kind == prev.Kind:
+	case cur != nil && cur.Kind == prev.Kind && (cur.Kind == topologyv1.RolloutKindPods || sameEpoch(cur.FromEpoch, prev.FromEpoch)):
 		return nil
-	case prev.Kind == topologyv1.RolloutKindTopology && o.change.inProgress:
+	case prev.Kind == topologyv1.RolloutKindTopology && o.change.inProgress && (cur == nil || cur.Kind != topologyv1.RolloutKindTopology):
 		return nil
 	case prev.Kind == topologyv1.RolloutKindPods && o.roll.active:
 		return nil
@@ -249,6 +271,14 @@ func finishedRollout(before, st *topologyv1.ShardTopologyStatus, o observation, 
 	return last
 }
 
+// sameEpoch reports whether a and b name the same epoch (or both none).
+func sameEpoch(a, b *topologyv1.TopologyEpoch) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Number == b.Number
+}
+
 // epochText renders an epoch as "epoch 2 (4x16)", or "" for none.
 func epochText(e *topologyv1.TopologyEpoch) string {
 	if e == nil {
@@ -265,15 +295,17 @@ func rolloutStatus(prev *topologyv1.RolloutStatus, st *topologyv1.ShardTopologyS
 	switch {
 	case o.change.inProgress && !podsFirst && !o.change.awaiting:
 		r := &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindTopology, Step: o.change.step, Message: o.change.message,
-			StartedAt: ptrTime(now), UnitsToMove: o.change.unitsToMove}
-		if prev != nil && prev.Kind == topologyv1.RolloutKindTopology {
+			StartedAt: ptrTime(now), UnitsToMove: o.change.unitsToMove, FromEpoch: epochStatus(o.change.from)}
+		if continuesTopologyRollout(prev, o.change.from) {
 			r.StartedAt, r.FromEpoch = prev.StartedAt, prev.FromEpoch
 			if r.UnitsToMove == 0 {
 				r.UnitsToMove = prev.UnitsToMove
 			}
-		} else if st.ActiveEpoch != nil && o.change.state != stateClaiming && o.change.state != stateRetiring {
-			from := *st.ActiveEpoch
-			r.FromEpoch = &from
+		}
+		if o.roll.active && o.roll.message != "" {
+			// The pod roll waits behind this change, or runs beside it:
+			// say so, or a roll nobody sees looks like a deadlock.
+			r.Message = joinNonEmpty(r.Message, "pod roll: "+o.roll.message)
 		}
 		r.UnitsMoved = unitsMoved(r, o)
 		return r
@@ -286,6 +318,18 @@ func rolloutStatus(prev *topologyv1.RolloutStatus, st *topologyv1.ShardTopologyS
 		return r
 	}
 	return nil
+}
+
+// continuesTopologyRollout reports whether the topology change decided
+// from the active epoch from (nil before any epoch, or once activated) is
+// the one prev reported. The first epoch's rollout (no from) ends once an
+// epoch is active: a change decided after that is a new rollout, from the
+// epoch then active, even when no reconcile reported the first one done.
+func continuesTopologyRollout(prev *topologyv1.RolloutStatus, from *poolctl.Epoch) bool {
+	if prev == nil || prev.Kind != topologyv1.RolloutKindTopology {
+		return false
+	}
+	return prev.FromEpoch != nil || from == nil
 }
 
 // unitsMoved counts the moved units already held by their new owner:
@@ -404,6 +448,9 @@ func progressText(st *topologyv1.ShardTopologyStatus, o observation) string {
 	}
 	if st.Phase == topologyv1.PhasePaused {
 		parts = append(parts, "paused")
+	}
+	if o.natsDown != "" {
+		parts = append(parts, "NATS unreachable")
 	}
 	if p := st.Plan; p != nil && p.State == topologyv1.PlanProposalReady {
 		parts = append(parts, fmt.Sprintf("-> %s: plan %s awaits approval", p.To, p.Hash))

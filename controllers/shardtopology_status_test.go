@@ -104,14 +104,26 @@ func TestComputeStatus(t *testing.T) {
 			topologyv1.ShardTopologyStatus{}, observation{spec: spec, registry: withoutReport(registryWith(2, 4, 2, 8, nil), "1.3"), change: changeReport{state: stateSteady}},
 			want{topologyv1.PhasePending, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonUnitsStalled, 3,
 				"epoch 1 (2x4): units 7/8 owned; 1 stalled", ""}},
-		{"a unit two members pull is counted and shown",
+		{"a unit two members pull is counted and shown, and is not ready (P1 signal)",
 			topologyv1.ShardTopologyStatus{}, observation{spec: spec, registry: withSecondPuller(registryWith(2, 4, 2, 8, nil), "0.0", "w-1", 2), change: changeReport{state: stateSteady}},
-			want{topologyv1.PhaseReady, metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionFalse, topologyv1.ReasonReady, 3,
+			want{topologyv1.PhasePending, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonUnitsMultiplyOwned, 3,
 				"units 8/8 owned; 1 multiply owned", ""}},
-		{"a registry that did not answer in time has a reason of its own",
-			topologyv1.ShardTopologyStatus{Phase: topologyv1.PhaseReady, ObservedGeneration: 3},
+		{"a registry that did not answer in time has a reason of its own, and phase and progress say nothing was read",
+			topologyv1.ShardTopologyStatus{Phase: topologyv1.PhaseReady, ObservedGeneration: 3, Progress: "epoch 1 (2x4): units 8/8 owned",
+				Units: &topologyv1.UnitCounts{Total: 8, Owned: 8}},
 			observation{err: fmt.Errorf("ObserveRegistry: read registry: %w", &RegistryTimeoutError{Op: "Snapshot", After: 10 * time.Second, Err: errors.New("timeout")}), spec: spec},
-			want{topologyv1.PhaseReady, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonRegistryUnavailable, 3, "", ""}},
+			want{topologyv1.PhasePending, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonRegistryUnavailable, 3,
+				"RegistryUnavailable: registry not read, units unknown", ""}},
+		{"an error after the registry was read keeps the counts it read",
+			topologyv1.ShardTopologyStatus{Phase: topologyv1.PhaseReady, ObservedGeneration: 3},
+			observation{err: errors.New("Census: publish RESET permission: boom"), spec: spec, registry: registryWith(2, 4, 2, 8, nil), change: changeReport{state: stateSteady}},
+			want{topologyv1.PhasePending, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonReconcileError, 3,
+				"epoch 1 (2x4): units 8/8 owned", ""}},
+		{"every NATS server unreachable: not ready, whatever the reports say",
+			topologyv1.ShardTopologyStatus{}, observation{spec: spec, registry: registryWith(2, 4, 2, 8, nil), change: changeReport{state: stateSteady},
+				natsDown: "the operator's connection to NATS is reconnecting"},
+			want{topologyv1.PhasePending, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, topologyv1.ReasonNATSUnavailable, 3,
+				"units 8/8 owned; NATS unreachable", ""}},
 		{"a census below the floor is not a stall",
 			topologyv1.ShardTopologyStatus{}, observation{spec: spec, registry: registryWith(2, 4, 2, 8, nil), change: changeReport{state: stateSteady},
 				census: &censusReport{census: census, reason: "below floor", blockedBy: resetBlockedBelowFloor}},
@@ -140,6 +152,9 @@ func TestComputeStatus(t *testing.T) {
 			}
 			if c := get(topologyv1.ConditionStalled); c.Status != tt.want.stalled {
 				t.Errorf("Stalled %s, want %s", c.Status, tt.want.stalled)
+			}
+			if tt.obs.err != nil && tt.obs.registry == nil && st.Units != nil {
+				t.Errorf("units %+v kept although the registry was not read", st.Units)
 			}
 			if st.ObservedGeneration != tt.want.observedGeneration {
 				t.Errorf("observedGeneration %d, want %d", st.ObservedGeneration, tt.want.observedGeneration)
@@ -193,8 +208,9 @@ func TestComputeStatusCountsStalledAndMultiplyOwnedUnits(t *testing.T) {
 		t.Fatalf("units %+v, want 8 owned, 1 stalled, 1 multiply owned", u)
 	}
 	c := meta.FindStatusCondition(st.Conditions, topologyv1.ConditionReady)
-	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.1 (w-1: no activity report)") {
-		t.Fatalf("Ready %+v, want False/UnitsStalled naming 0.1", c)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != topologyv1.ReasonUnitsMultiplyOwned ||
+		!strings.Contains(c.Message, "pulled by two or more members within the flow window: 1.0") || !strings.Contains(c.Message, "0.1 (w-1: no activity report)") {
+		t.Fatalf("Ready %+v, want False/UnitsMultiplyOwned naming 1.0, and the stalled 0.1", c)
 	}
 }
 
@@ -287,5 +303,54 @@ func TestConditionTransitionsBecomeEvents(t *testing.T) {
 		if got[i].eventType != w.typ || got[i].reason != w.reason {
 			t.Errorf("transition %d = %s %s, want %s %s", i, got[i].eventType, got[i].reason, w.typ, w.reason)
 		}
+	}
+}
+
+// A change decided right after the first epoch became active is a
+// rollout of its own, from that epoch: the first epoch's rollout (no from)
+// is recorded as finished, not continued with its empty from. checks P7
+func TestAChangeRightAfterTheFirstEpochKeepsItsFromEpoch(t *testing.T) {
+	now := registryNow
+	started := metav1.NewTime(now.Add(-10 * time.Second))
+	first := &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindTopology, Step: topologyv1.StepClaim, StartedAt: &started}
+	topo := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Generation: 2},
+		Status: topologyv1.ShardTopologyStatus{Rollout: first, ActiveEpoch: &topologyv1.TopologyEpoch{Number: 1, Partitions: 2, ShardsPerPartition: 4}}}
+	active := &poolctl.Epoch{Number: 1, Partitions: 2, Shards: 4, State: poolctl.EpochActive}
+	obs := observation{spec: topologyv1.TopologyShape{Partitions: 2, ShardsPerPartition: 8}, registry: registryWith(2, 4, 2, 8,
+		&poolctl.Epoch{Number: 2, Partitions: 2, Shards: 8, State: poolctl.EpochPending}),
+		change: changeReport{state: stateChangeWanted, inProgress: true, step: topologyv1.StepFreeze, from: active}}
+	st := computeStatus(topo, obs, now)
+	if st.Rollout == nil || st.Rollout.FromEpoch == nil || st.Rollout.FromEpoch.Number != 1 {
+		t.Fatalf("rollout %+v, want a topology rollout from epoch 1", st.Rollout)
+	}
+	if !st.Rollout.StartedAt.Time.Equal(now.Truncate(time.Second)) {
+		t.Errorf("rollout started %s, want now (a new rollout), not the first epoch's %s", st.Rollout.StartedAt, started)
+	}
+	if l := st.LastRollout; l == nil || l.From != "" || l.To != "epoch 1 (2x4)" || l.Result != topologyv1.RolloutSucceeded {
+		t.Fatalf("last rollout %+v, want the first epoch's rollout to epoch 1 recorded as succeeded", l)
+	}
+	// The next reconcile continues the change, from epoch 1, and the
+	// state machine sees a change under way (Claiming after activation).
+	topo.Status = st
+	obs.change = changeReport{state: stateClaiming, inProgress: true, step: topologyv1.StepClaim}
+	st2 := computeStatus(topo, obs, now.Add(5*time.Second))
+	if st2.Rollout == nil || st2.Rollout.FromEpoch == nil || st2.Rollout.FromEpoch.Number != 1 || !st2.Rollout.StartedAt.Equal(st.Rollout.StartedAt) {
+		t.Fatalf("rollout %+v, want the same rollout from epoch 1", st2.Rollout)
+	}
+	if !wasChangingTopology(&st2) {
+		t.Fatal("status does not read as a change under way")
+	}
+}
+
+// A pod roll that waits behind a topology change is named in the change's
+// rollout message, so it never looks like a silent deadlock. checks P7
+func TestATopologyChangeNamesThePodRollBehindIt(t *testing.T) {
+	topo := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Generation: 1}}
+	obs := observation{spec: topologyv1.TopologyShape{Partitions: 2, ShardsPerPartition: 4}, registry: registryWith(2, 4, 2, 4, nil),
+		change: changeReport{state: stateClaiming, inProgress: true, step: topologyv1.StepClaim, message: "epoch 2 (2x4) active: 4/8 units owned"},
+		roll:   rollReport{active: true, message: "pod ingest-1 waits for the topology change to settle"}}
+	st := computeStatus(topo, obs, registryNow)
+	if st.Rollout == nil || !strings.Contains(st.Rollout.Message, "pod roll: pod ingest-1 waits") {
+		t.Fatalf("rollout %+v does not name the pod roll", st.Rollout)
 	}
 }

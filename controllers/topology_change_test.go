@@ -9,9 +9,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/controllers"
 )
 
 func unitConsumers(n, v int) []string {
@@ -311,8 +313,8 @@ func TestTransformMovesOnlyAtActivationSoARevertedChangeLeavesNoRows(t *testing.
 	})
 }
 
-// Pause holds the next step (starting a change, activating it) and resume
-// goes on from where it stopped.
+// Pause holds the next step (starting a change) and resume goes on from
+// where it stopped; a freeze under way is finished, not held.
 func TestPauseHoldsTheNextStepAndResumeContinues(t *testing.T) {
 	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
 	f.withStatefulSet(0, "w")
@@ -350,33 +352,46 @@ func TestPauseHoldsTheNextStepAndResumeContinues(t *testing.T) {
 		}
 		return nil
 	})
-	// Paused by spec between Freeze and Activate: every ack arrives, but
-	// the epoch stays pending.
+	// Paused by spec between Freeze and Activate: pause does not hold a
+	// freeze (every member's claims stop while it lasts, so a worker that
+	// died meanwhile would never be replaced): once the ack arrives the
+	// epoch is activated, paused or not.
 	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = true })
+	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if c := findCondition(o, topologyv1.ConditionRolloutPaused); c == nil || c.Status != metav1.ConditionTrue || o.Status.ObservedGeneration != o.Generation {
+			return errors.New("want RolloutPaused=True at the current generation")
+		}
+		return nil
+	})
+	if p := f.snapshot().Pending; p == nil || slices.Contains(p.Acked, "a") {
+		t.Fatalf("pending %+v: want it unacknowledged when the pause came", p)
+	}
+	w.holdAcks.Store(false)
+	eventually(t, 20*time.Second, func() error {
+		if s := f.snapshot(); s.Pending != nil || s.Active == nil || s.Active.Shards != 4 {
+			return fmt.Errorf("active %+v pending %+v: want 1x4 activated while paused", s.Active, s.Pending)
+		}
+		return nil
+	})
+	// The next change is held by the pause again, before its freeze.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 8 })
 	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
 		if o.Status.Phase != topologyv1.PhasePaused || o.Status.ObservedGeneration != o.Generation {
 			return errors.New("want phase Paused at the current generation")
 		}
 		return nil
 	})
-	w.holdAcks.Store(false)
-	eventually(t, 10*time.Second, func() error {
-		if p := f.snapshot().Pending; p == nil || !slices.Contains(p.Acked, "a") {
-			return fmt.Errorf("pending %+v not acknowledged", p)
-		}
-		return nil
-	})
 	consistently(t, 2*time.Second, func() error {
-		if a := f.snapshot().Active; a.Shards != 2 {
-			return fmt.Errorf("activated %+v while paused", a)
+		if p := f.snapshot().Pending; p != nil {
+			return fmt.Errorf("epoch %d written as pending while paused", p.Number)
 		}
 		return nil
 	})
 
 	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = false })
 	st = f.waitReady(30 * time.Second)
-	if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 4 {
-		t.Fatalf("active %+v, want 1x4", a)
+	if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 8 {
+		t.Fatalf("active %+v, want 1x8", a)
 	}
 	wantConditionOf(t, st, topologyv1.ConditionRolloutPaused, metav1.ConditionFalse, topologyv1.ReasonNotPaused)
 }
@@ -534,4 +549,60 @@ func TestPartitionChangeProvisionsAndRetiresAStreamsConsumers(t *testing.T) {
 		t.Fatalf("stream of partition 1 holds %d rows, want its 1 row kept", n)
 	}
 	waitEvent(t, f.ns, "StreamsKept", "SHARDKEEPER_INGEST_1")
+}
+
+// A change decided right after the first epoch became active (before any
+// reconcile reported the first epoch's rollout done) is a rollout of its
+// own from epoch 1: status.rollout.fromEpoch names it, the change waits
+// in Claim for its units after activation (so the pod roll is held), and
+// lastRollout records it from epoch 1, after recording the first epoch's.
+// The reconciler is driven by hand so the spec moves in that window.
+// checks P7
+func TestAChangeRightAfterTheFirstEpochIsAChangeFromIt(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	f.create()
+	rec := events.NewFakeRecorder(10000)
+	r := &controllers.ShardTopologyReconciler{Client: k, Recorder: rec}
+	var st *topologyv1.ShardTopology
+	eventually(t, 60*time.Second, func() error {
+		st = reconcileOnce(t, r, f.topo)
+		if st.Status.ActiveEpoch == nil {
+			return errors.New("no active epoch yet")
+		}
+		return nil
+	})
+	// The window: epoch 1 is active and its rollout still reported.
+	if ro := st.Status.Rollout; ro == nil || ro.Kind != topologyv1.RolloutKindTopology || ro.FromEpoch != nil {
+		t.Fatalf("rollout %+v: want the first epoch's rollout still reported after activation", ro)
+	}
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	eventually(t, 60*time.Second, func() error {
+		st = reconcileOnce(t, r, f.topo)
+		if a := st.Status.ActiveEpoch; a == nil || a.ShardsPerPartition != 4 {
+			return fmt.Errorf("active %+v, want 1x4", a)
+		}
+		return nil
+	})
+	// No worker owns the new units: the change waits in Claim, from 1.
+	st = reconcileOnce(t, r, f.topo)
+	ro := st.Status.Rollout
+	if ro == nil || ro.Kind != topologyv1.RolloutKindTopology || ro.FromEpoch == nil || ro.FromEpoch.Number != 1 || ro.Step != topologyv1.StepClaim {
+		t.Fatalf("rollout %+v: want the change from epoch 1 waiting in Claim", ro)
+	}
+	if l := st.Status.LastRollout; l == nil || l.From != "" || l.To != "epoch 1 (1x2)" {
+		t.Fatalf("last rollout %+v: want the first epoch's, to epoch 1", l)
+	}
+	// A worker claims every unit: the change finishes, from epoch 1.
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	eventually(t, 60*time.Second, func() error {
+		st = reconcileOnce(t, r, f.topo)
+		if st.Status.Rollout != nil {
+			return fmt.Errorf("rollout %+v still reported", st.Status.Rollout)
+		}
+		return nil
+	})
+	if l := st.Status.LastRollout; l == nil || l.From != "epoch 1 (1x2)" || !strings.HasPrefix(l.To, "epoch 2 (1x4)") || l.Result != topologyv1.RolloutSucceeded {
+		t.Fatalf("last rollout %+v: want the change from epoch 1 (1x2) to epoch 2 (1x4), succeeded", l)
+	}
 }

@@ -131,6 +131,14 @@ const (
 	// another filter). The message names the object, the field and what
 	// is allowed.
 	ReasonUnsafeNATSConfig = "UnsafeNATSConfig"
+	// ReasonUnitsMultiplyOwned means two or more members report pulling
+	// one unit within the flow window (a P1 signal); the message names a
+	// few. Ready stays False until only one member pulls each unit.
+	ReasonUnitsMultiplyOwned = "UnitsMultiplyOwned"
+	// ReasonNATSUnavailable means the operator cannot reach any NATS
+	// server: its connection is down and the census got no reply. Whether
+	// units flow cannot be judged, so Ready is False.
+	ReasonNATSUnavailable = "NATSUnavailable"
 )
 
 // Rollout kinds reported in status.rollout.kind.

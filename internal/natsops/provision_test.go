@@ -1,8 +1,10 @@
 package natsops
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shardkeeper/shardkeeper/internal/testbed/faultproxy"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
 
@@ -429,5 +432,50 @@ func TestStreamDriftAddsSubjectsButNeverRemovesThem(t *testing.T) {
 	fs, next = streamDrift(want, got, false)
 	if next != nil || len(fs) != 2 {
 		t.Fatalf("storage and foreign transform: next %+v findings %v; want two reports and no update", next, fs)
+	}
+}
+
+// RetireConsumers keeps to its caller's deadline when every answer is
+// slow: each step gets what is left of the deadline, not the deadline as
+// it stood when the call began. With every request taking about 0.8s and
+// a 2s deadline, it ends within a second of the deadline; before the fix
+// the first unit's steps ran to completion (about 4 requests) past it.
+func TestRetireConsumersKeepsToTheDeadlineWhenAnswersAreSlow(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	l := testLayout(1, 4, 1)
+	mustProvision(t, c.Connect(0), l)
+	narrow := l
+	narrow.Shards = 1
+	rep := mustProvision(t, c.Connect(0), narrow)
+	if len(rep.Orphans) != 3 {
+		t.Fatalf("orphans %v, want 3", rep.Orphans)
+	}
+	u, err := url.Parse(c.URLs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := faultproxy.New(t, u.Host)
+	slow := natstest.ConnectURL(t, "nats://"+proxy.Addr(), natstest.AppUser, natstest.AppPassword)
+	proxy.SetLatency(400 * time.Millisecond)
+	// The fault took effect: one request takes the latency both ways.
+	start := time.Now()
+	if err := slow.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := time.Since(start); rtt < 700*time.Millisecond {
+		t.Fatalf("a round trip through the proxy took %s, want the added latency", rtt)
+	}
+	const deadline = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start = time.Now()
+	retired, _, err := RetireConsumers(ctx, slow, l, rep.Orphans)
+	took := time.Since(start)
+	t.Logf("RetireConsumers returned after %s (deadline %s): retired %v, err %v", took.Round(time.Millisecond), deadline, retired, err)
+	if took > deadline+time.Second {
+		t.Fatalf("RetireConsumers took %s with a %s deadline", took.Round(time.Millisecond), deadline)
+	}
+	if err == nil && len(retired) == len(rep.Orphans) {
+		t.Fatal("every unit retired within the deadline: the answers were not slow enough to show anything")
 	}
 }

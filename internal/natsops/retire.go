@@ -36,6 +36,11 @@ type Holding struct {
 // acknowledged. Should a later shape bring the unit back, Provision starts
 // its new consumer there instead of replaying the stream's whole history of
 // the unit to the new owner as fresh rows.
+//
+// ctx's deadline bounds the whole call: every request carries ctx, so a
+// slow server cannot stretch one request past it. A unit whose requests
+// were cut off is reported neither retired nor holding; its steps are
+// idempotent, and a consumer already deleted counts as retired next time.
 func RetireConsumers(ctx context.Context, nc *nats.Conn, l Layout, units []Unit) (retired []Unit, holding []Holding, err error) {
 	jsa := jsAPI{nc}
 	var refused []ForeignObject

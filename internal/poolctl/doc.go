@@ -185,7 +185,10 @@
 //   - Draining. SetDraining marks a member whose pod the operator is about
 //     to restart: every member leaves its slot out of placement, and the
 //     member itself claims nothing (ErrDraining) while it hands over. The
-//     mark survives rejoins until cleared.
+//     mark survives rejoins until cleared. Marking a name that never
+//     joined writes a placeholder row (left, no slot, incarnation 0) that
+//     carries the mark to its first join, so the operator can mark a pod
+//     before deleting it whether or not its worker joined yet.
 //   - Retiring units. A unit outside the active epoch's shape is refused
 //     (ErrUnitOutOfRange) unless it is in the topology's retiring set
 //     (SetRetiring replaces it, in one statement): then the usual rules

@@ -201,8 +201,27 @@ func (p *PG) setFence(ctx context.Context, m MemberRef, gen int64, op, set, cond
 	return fmt.Errorf("%s %s: %w", op, m.Member, ErrConflict)
 }
 
-// SetDraining implements Registry.
+// SetDraining implements Registry. A drain request for a member with no
+// row writes a placeholder row (left, no slot, incarnation 0) that carries
+// it, so a process joining under that name later claims nothing.
 func (p *PG) SetDraining(ctx context.Context, topology, member string, draining bool) error {
+	if member == "" {
+		return fmt.Errorf("set draining: empty member name: %w", ErrInvalid)
+	}
+	if draining {
+		tag, err := p.pool.Exec(ctx, `
+			INSERT INTO shardkeeper.members (topology, member, slot, incarnation, lease_expires_at, joined_at, left_at, draining)
+			SELECT $1, $2, NULL, 0, shardkeeper.clock(topology), shardkeeper.clock(topology), shardkeeper.clock(topology), true
+			  FROM shardkeeper.topologies WHERE topology = $1
+			ON CONFLICT (topology, member) DO UPDATE SET draining = true`, topology, member)
+		if err != nil {
+			return fmt.Errorf("set draining of %s: %w", member, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("set draining of %s: topology %q: %w", member, topology, ErrUnknownTopology)
+		}
+		return nil
+	}
 	tag, err := p.pool.Exec(ctx, `UPDATE shardkeeper.members SET draining = $3 WHERE topology = $1 AND member = $2`,
 		topology, member, draining)
 	if err != nil {

@@ -129,7 +129,11 @@ type Registry interface {
 	// (a pod about to be restarted). Every member leaves a draining
 	// member's slot out of placement, so its units move away, and the
 	// draining member claims nothing. The request survives the member's
-	// rejoins until cleared.
+	// rejoins until cleared. A request for a name that never joined is
+	// kept in a placeholder row (left, no slot), so a process joining
+	// under that name later claims nothing either: the operator can mark
+	// a pod before it deletes it, whether or not its worker joined yet.
+	// Clearing the request of a name with no row is ErrNotMember.
 	SetDraining(ctx context.Context, topology, member string, draining bool) error
 	// SetRetiring replaces the topology's retiring set: units that left
 	// the active epoch and whose consumers still hold rows. Their claims

@@ -526,7 +526,7 @@ func TestDrainRequestSurvivesRejoinsUntilCleared(t *testing.T) {
 		must(t, err)
 		b, err := r.Join(ctx, topo, "b")
 		must(t, err)
-		wantErr(t, "drain of a stranger", r.SetDraining(ctx, topo, "nobody", true), ErrNotMember)
+		wantErr(t, "clearing the drain of a stranger", r.SetDraining(ctx, topo, "nobody", false), ErrNotMember)
 		must(t, r.SetDraining(ctx, topo, "b", true))
 
 		slots := func() []int {
@@ -553,5 +553,41 @@ func TestDrainRequestSurvivesRejoinsUntilCleared(t *testing.T) {
 		if got := slots(); len(got) != 2 {
 			t.Fatalf("placement slots after clearing: %v, want both", got)
 		}
+	})
+}
+
+// A drain request for a name that never joined is kept, so the operator
+// can mark a pod before deleting it whether or not its worker joined yet:
+// a process joining under that name afterwards claims nothing, and the
+// placeholder takes no slot and is not live.
+func TestDrainRequestForANameNotJoinedYetHoldsItsFirstJoin(t *testing.T) {
+	forBackends(t, func(t *testing.T, r testRegistry) {
+		ctx := context.Background()
+		topo := newTopology(t, r, testParams, 1, 4)
+		a, err := r.Join(ctx, topo, "a")
+		must(t, err)
+		must(t, r.SetDraining(ctx, topo, "late", true))
+		must(t, r.SetDraining(ctx, topo, "late", true)) // idempotent
+		s, err := r.Snapshot(ctx, topo)
+		must(t, err)
+		m := s.Member("late")
+		if m == nil || m.Live || !m.Draining || m.Slot != -1 || m.Holds != 0 {
+			t.Fatalf("placeholder %+v, want a member row that is draining, not live, with no slot", m)
+		}
+		if got := s.PlacementSlots(); len(got) != 1 || got[0] != a.Slot {
+			t.Fatalf("placement slots %v, want only a's", got)
+		}
+		late, err := r.Join(ctx, topo, "late")
+		must(t, err)
+		if late.Incarnation <= a.Incarnation {
+			t.Fatalf("late joined as incarnation %d, want after a's %d", late.Incarnation, a.Incarnation)
+		}
+		_, err = r.Claim(ctx, late.MemberRef, 1, "0.0")
+		wantErr(t, "claim by a member drained before it joined", err, ErrDraining)
+		must(t, r.SetDraining(ctx, topo, "late", false))
+		if _, err := r.Claim(ctx, late.MemberRef, 1, "0.0"); err != nil {
+			t.Fatalf("claim once the drain request is cleared: %v", err)
+		}
+		wantErr(t, "drain of an unknown topology", r.SetDraining(ctx, "no/such", "x", true), ErrUnknownTopology)
 	})
 }

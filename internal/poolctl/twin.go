@@ -176,8 +176,18 @@ func (t *Twin) SetDraining(_ context.Context, topology, member string, draining 
 	if err != nil {
 		return err
 	}
+	if member == "" {
+		return fmt.Errorf("set draining: empty member name: %w", ErrInvalid)
+	}
 	row := tp.members[member]
-	if row == nil {
+	switch {
+	case row == nil && draining:
+		// A placeholder carries the request to a later join (PG writes
+		// the same row).
+		now := t.now(tp)
+		t.setMember(tp, &memberRow{Name: member, Slot: -1, LeaseExpiresAt: now, Left: true, Draining: true})
+		return nil
+	case row == nil:
 		return fmt.Errorf("set draining of %s in %s: %w", member, topology, ErrNotMember)
 	}
 	row.Draining = draining

@@ -51,6 +51,9 @@ func run(f *plugin.Factory, name string) error {
 func whatHappens(t *topologyv1.ShardTopology) string {
 	r := t.Status.Rollout
 	switch {
+	case r != nil && (r.Step == topologyv1.StepFreeze || r.Step == topologyv1.StepActivate):
+		// The operator never holds a freeze: claims are frozen while it lasts.
+		return "the freeze in progress is finished (the new epoch activates once every live worker acknowledged it); the steps after it wait."
 	case r != nil && r.Kind == topologyv1.RolloutKindPods:
 		return fmt.Sprintf("the pod roll (%d/%d pods done) finishes the pod in flight and starts no other.", r.PodsDone, r.PodsTotal)
 	case r != nil:

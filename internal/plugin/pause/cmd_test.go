@@ -24,8 +24,11 @@ func TestPauseSetsTheAnnotationAndRefusesNoOps(t *testing.T) {
 		wantPaused bool
 	}{
 		{"pauses a rollout and says the step in progress finishes", func(o *topologyv1.ShardTopology) {
+			o.Status.Rollout = &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindTopology, Step: topologyv1.StepRetire}
+		}, []string{"ingest"}, 0, "the Retire step in progress finishes; the next step waits", "", true},
+		{"pauses during a freeze and says the freeze is finished, not held", func(o *topologyv1.ShardTopology) {
 			o.Status.Rollout = &topologyv1.RolloutStatus{Kind: topologyv1.RolloutKindTopology, Step: topologyv1.StepFreeze}
-		}, []string{"ingest"}, 0, "the Freeze step in progress finishes; the next step waits", "", true},
+		}, []string{"ingest"}, 0, "the freeze in progress is finished", "", true},
 		{"pauses an idle topology and says the next change waits", nil, []string{"ingest"}, 0, "nothing is rolling now", "", true},
 		{"refuses a topology the annotation already pauses", func(o *topologyv1.ShardTopology) {
 			o.Annotations = map[string]string{topologyv1.PausedAnnotation: "true"}
