@@ -29,7 +29,7 @@ func (w *world) startPuller(p *process, a Action) {
 	if old := p.pullers[a.Unit]; old != nil && !old.done {
 		// Two pullers of one unit in one process: the member asked for a
 		// second before the first stopped.
-		w.violate("process %s started a second puller of unit %s (epoch %d) while one ran (epoch %d)",
+		w.violate("second puller: process %s started a second puller of unit %s (epoch %d) while one ran (epoch %d)",
 			p.id, a.Unit, a.Token.Epoch, old.tok.Epoch)
 	}
 	pl := &puller{w: w, p: p, unit: a.Unit, tok: a.Token, te: a.TopologyEpoch, inc: a.Incarnation}

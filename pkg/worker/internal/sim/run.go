@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -34,6 +35,17 @@ type Result struct {
 	// FaultOrdinals is how many per-message faults were drawn; Planned
 	// how many planned instances there were (for the shrinker).
 	FaultOrdinals, Planned int
+}
+
+// CaughtBy names the check of a violation message: what comes before its
+// detail ("P5", "historycheck stale acks (P1)", "liveness (rows)").
+func CaughtBy(violation string) string {
+	_, rest, ok := strings.Cut(violation, ": ")
+	if !ok {
+		return violation
+	}
+	check, _, _ := strings.Cut(rest, ": ")
+	return check
 }
 
 // Failed reports whether any check failed.
@@ -165,7 +177,7 @@ func (w *world) checkLiveness(at int64) {
 	}
 	sort.Strings(missing)
 	if len(missing) > 0 {
-		w.violate("liveness: %d probe rows published at %s not in the sink %s after the last fault: %v",
+		w.violate("liveness (rows): %d probe rows published at %s not in the sink %s after the last fault: %v",
 			len(missing), time.Duration(w.quietAt), time.Duration(at-w.quietAt), missing)
 	}
 	if w.pendingEpoch != 0 {
@@ -175,10 +187,10 @@ func (w *world) checkLiveness(at int64) {
 		if snap.Pending != nil {
 			acked = snap.Pending.Acked
 		}
-		w.violate("liveness: epoch %d pending since %s is not active %s after the last fault (acknowledged by %v)",
+		w.violate("liveness (freeze): epoch %d pending since %s is not active %s after the last fault (acknowledged by %v)",
 			w.pendingEpoch, time.Duration(w.pendingSince), time.Duration(at-w.quietAt), acked)
 	}
-	w.checkPullers("liveness")
+	w.checkPullers("liveness (pullers)")
 }
 
 // checkPullers finds pullers running for a unit their process does not

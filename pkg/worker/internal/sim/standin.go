@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
@@ -12,6 +13,10 @@ import (
 
 // Default builds the member logic runs use when Config.NewMember is nil.
 var Default = NewStandin
+
+// MemberMutations lists the mutations the default member offers (names it
+// accepts in MemberEnv.Mutation).
+func MemberMutations() []string { return nil }
 
 // standin is the simulator's own member: the protocol of design.md
 // section 7 in a small form, written to exercise the simulator before the
@@ -143,7 +148,8 @@ func (m *standin) fence(now time.Duration) []Action {
 	}
 	m.fenced = true
 	var out []Action
-	for u, h := range m.held {
+	for _, u := range sortedKeys(m.held) {
+		h := m.held[u]
 		switch h.state {
 		case holdPulling:
 			out = append(out, Action{Kind: ActStopPuller, Unit: u})
@@ -158,7 +164,8 @@ func (m *standin) fence(now time.Duration) []Action {
 // dropAll forgets every holding: the lease is gone, so are the tokens.
 func (m *standin) dropAll() []Action {
 	var out []Action
-	for u, h := range m.held {
+	for _, u := range sortedKeys(m.held) {
+		h := m.held[u]
 		if h.state == holdPulling || h.state == holdStopping {
 			out = append(out, Action{Kind: ActStopPuller, Unit: u})
 		}
@@ -192,7 +199,8 @@ func (m *standin) confirm() []Action {
 	}
 	ref := m.ref
 	expected := map[string]int64{}
-	for u, h := range m.held {
+	for _, u := range sortedKeys(m.held) {
+		h := m.held[u]
 		expected[u] = h.tok.Epoch
 	}
 	m.confirmVersion = m.version
@@ -275,6 +283,13 @@ func (m *standin) place(s poolctl.Snapshot) []Action {
 		return nil
 	}
 	var out []Action
+	if me.Holds != len(m.held) && m.confirmCall == 0 {
+		// The registry counts claims this member does not know of (a
+		// claim that committed after the confirmation that followed its
+		// lost reply) or the other way round: ask again.
+		m.needConfirm = true
+		out = append(out, m.confirm()...)
+	}
 	if s.Pending != nil && m.acked[s.Pending.Number] != m.ref.Incarnation && m.ackCall == 0 {
 		ref, e := m.ref, s.Pending.Number
 		var a Action
@@ -297,7 +312,8 @@ func (m *standin) place(s poolctl.Snapshot) []Action {
 			mine[u.String()] = true
 		}
 	}
-	for u, h := range m.held {
+	for _, u := range sortedKeys(m.held) {
+		h := m.held[u]
 		if mine[u] {
 			continue
 		}
@@ -314,7 +330,7 @@ func (m *standin) place(s poolctl.Snapshot) []Action {
 		return out
 	}
 	var want []string
-	for u := range mine {
+	for _, u := range sortedKeys(mine) {
 		if m.held[u] == nil {
 			want = append(want, u)
 		}
@@ -329,6 +345,17 @@ func (m *standin) place(s poolctl.Snapshot) []Action {
 	})
 	m.claimInc, m.claimUnder = ref.Incarnation, under
 	return append(out, a)
+}
+
+// sortedKeys keeps every step's actions in one order: the seed, not Go's
+// map iteration, must decide the run.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func slotsOf(in []int) []ownership.Slot {
@@ -373,7 +400,8 @@ func (m *standin) confirmed(r Reply) []Action {
 	c := r.Value.(poolctl.Confirmation)
 	m.needConfirm = len(c.Waiting) > 0
 	var out []Action
-	for u, h := range m.held {
+	for _, u := range sortedKeys(m.held) {
+		h := m.held[u]
 		tok, ok := c.Held[u]
 		switch {
 		case !ok || tok.Epoch != h.tok.Epoch:
@@ -387,7 +415,8 @@ func (m *standin) confirmed(r Reply) []Action {
 			out = append(out, Action{Kind: ActUnpin, Unit: u})
 		}
 	}
-	for u, tok := range c.Held {
+	for _, u := range sortedKeys(c.Held) {
+		tok := c.Held[u]
 		if m.held[u] == nil {
 			m.held[u] = &hold{tok: tok, state: holdUnpinning, reset: true}
 			m.version++

@@ -333,7 +333,7 @@ func brief(v any, err error) string {
 		var b []string
 		for _, o := range x {
 			if o.Err != nil {
-				b = append(b, o.Unit+" refused")
+				b = append(b, o.Unit+" refused ("+o.Err.Error()+")")
 			} else {
 				b = append(b, fmt.Sprintf("%s@%d", o.Unit, o.Claim.Epoch))
 			}
