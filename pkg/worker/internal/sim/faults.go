@@ -24,8 +24,14 @@ const (
 	// FaultOutage makes the registry refuse or drop every request for a
 	// while.
 	FaultOutage FaultKind = "outage"
-	// FaultClockStep steps the registry's clock (Twin.ShiftClock), back
-	// by up to 3s or forward by up to 0.9 of the grace.
+	// FaultClockStep steps the registry's clock forward
+	// (Twin.ShiftClock) by up to 0.9 of the grace, which is what the
+	// grace absorbs: leases end and adoptions come that much earlier in
+	// real time. (A step back only makes leases last longer in real
+	// time, which is safe, but then the registry accepts writes the
+	// history's unshifted lease records call stale, so the evidence
+	// would disagree with the registry rather than the member with the
+	// protocol.)
 	FaultClockStep FaultKind = "clock-step"
 	// FaultPause stops a process for a while (SIGSTOP): it acts on
 	// nothing until it resumes, then carries on where it was.
@@ -99,7 +105,7 @@ func newPlan(cfg Config, rng *rand.Rand) faultPlan {
 			case FaultOutage:
 				f.dur = roundUS(int64(200*ms) + rng.Int64N(int64(5*sec)))
 			case FaultClockStep:
-				f.step = roundUS(-int64(3*sec) + rng.Int64N(int64(3*sec)+int64(Params.Grace)*9/10))
+				f.step = roundUS(1000 + rng.Int64N(int64(Params.Grace)*9/10))
 			case FaultPause:
 				f.dur = roundUS(int64(100*ms) + rng.Int64N(int64(8*sec)))
 			case FaultCrash:
@@ -192,7 +198,14 @@ func (w *world) schedulePlan() {
 				if p := w.newest(name); p != nil {
 					w.tracef("fault %d: %s crashes, restarts after %s", i, p.id, time.Duration(f.dur))
 					w.kill(p)
-					w.s.after(f.dur, nil, func() { w.startProcess(name) })
+					w.s.after(f.dur, nil, func() {
+						// The kubelet restarts the pod's container; an older
+						// process still running under the name elsewhere
+						// (partitioned) keeps it instead, see replace.
+						if w.newest(name) == nil {
+							w.startProcess(name)
+						}
+					})
 				}
 			case FaultPartition:
 				if p := w.newest(name); p != nil {
@@ -221,7 +234,9 @@ func (w *world) schedulePlan() {
 // earlier fault): a pod has one replacement at a time.
 //
 // It also needs the registry's current incarnation of the name to be the
-// one p learned from its last join: a process cannot tell that a newer
+// one p learned from its last join, and p's last lease call to have
+// succeeded (so when it heals it renews, learns of the newer incarnation
+// and steps aside, rather than joining again): a process cannot tell that a newer
 // one joined under its name until the registry tells it, so a process
 // that joins without knowing of the other (its own join's reply was lost)
 // would deliver outside its claim for a renew interval, which no member
@@ -232,7 +247,7 @@ func (w *world) schedulePlan() {
 // pod that stopped answering, and the fault started it at least a lease
 // TTL ago, so the process has fenced itself since.
 func (w *world) replace(p *process, since int64) {
-	if w.newest(p.name) != p || p.inc == 0 || !p.isolatedThrough(since, w.s.now) {
+	if !w.alone(p) || p.inc == 0 || !p.leased || !p.isolatedThrough(since, w.s.now) {
 		return
 	}
 	snap, err := w.twin.Snapshot(context.Background(), topology)
@@ -273,6 +288,19 @@ func (w *world) isolate(p *process) {
 		p.isolate(w.s.now, w.s.now+step, false)
 	}
 	w.s.after(step/2, nil, func() { w.isolate(p) })
+}
+
+// alone is false when p is dead or another process under its name is not.
+func (w *world) alone(p *process) bool {
+	if p.dead {
+		return false
+	}
+	for _, o := range w.byName[p.name] {
+		if o != p && !o.dead {
+			return false
+		}
+	}
+	return true
 }
 
 // newest is the latest process started under name that is not dead.

@@ -94,11 +94,14 @@ func (w *world) checkP5(claims []poolctl.ClaimEvent, leases []poolctl.LeaseEvent
 		if !had || (c.Op != "adopt" && c.Op != "rehome") || p.State == poolctl.StateFree {
 			continue
 		}
-		// The previous holder's last lease grant at or before the decision.
+		// The lease the registry's rule reads: for an adoption, the
+		// owner's latest lease at the decision (whatever its
+		// incarnation, as the rule reads the member row); for a re-home,
+		// the lease of the incarnation that held the claim.
 		var last *poolctl.LeaseEvent
 		for i := range leases {
 			l := &leases[i]
-			if l.Member == p.Owner && l.Incarnation == p.Incarnation && !l.At.After(c.At) {
+			if l.Member == p.Owner && (c.Op == "adopt" || l.Incarnation == p.Incarnation) && !l.At.After(c.At) {
 				last = l
 			}
 		}

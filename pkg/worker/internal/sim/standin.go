@@ -23,11 +23,16 @@ func MemberMutations() []string { return nil }
 // worker's core plugs in, and kept as a second, independent member the
 // simulator can judge. One writer: every field changes only in Step.
 type standin struct {
-	env     MemberEnv
-	p       poolctl.Params
-	ref     poolctl.MemberRef
-	joined  bool
-	gone    bool // displaced by a newer process under this name: stops for good
+	env    MemberEnv
+	p      poolctl.Params
+	ref    poolctl.MemberRef
+	joined bool
+	// gone: a newer incarnation of this pod name exists (another process,
+	// or this one's own join whose reply was lost). The process waits
+	// until that incarnation's lease lapses, then joins again: a live
+	// other process is never displaced, and a lost join of its own costs
+	// one lease.
+	gone    bool
 	fenceAt time.Duration
 	fenced  bool
 	held    map[string]*hold
@@ -86,13 +91,13 @@ func (m *standin) Start(now time.Duration) []Action {
 
 func (m *standin) May(now time.Duration, unit string, epoch int64) bool {
 	h := m.held[unit]
-	return m.joined && !m.fenced && !m.gone && now < m.fenceAt && h != nil && h.tok.Epoch == epoch && h.state == holdPulling
+	if m.gone {
+		return false
+	}
+	return m.joined && !m.fenced && now < m.fenceAt && h != nil && h.tok.Epoch == epoch && h.state == holdPulling
 }
 
 func (m *standin) Step(now time.Duration, ev Event) []Action {
-	if m.gone {
-		return nil
-	}
 	switch ev.Kind {
 	case EvTimer:
 		switch ev.Timer {
@@ -126,7 +131,7 @@ func (m *standin) Step(now time.Duration, ev Event) []Action {
 // it fails).
 func (m *standin) renew(now time.Duration) []Action {
 	next := timer("lease", now+m.p.RenewInterval)
-	if m.leaseCall != 0 {
+	if m.leaseCall != 0 || m.gone {
 		return []Action{next}
 	}
 	var a Action
@@ -179,6 +184,13 @@ func (m *standin) dropAll() []Action {
 }
 
 func (m *standin) tick() []Action {
+	if m.gone && m.tickCall == 0 {
+		var a Action
+		m.tickCall, a = m.call(OpSnapshot, func(ctx context.Context, r poolctl.Registry) (any, error) {
+			return r.Snapshot(ctx, m.env.Topology)
+		})
+		return []Action{a}
+	}
 	if !m.joined || m.fenced || m.tickCall != 0 {
 		return nil
 	}
@@ -219,6 +231,13 @@ func (m *standin) reply(now time.Duration, r Reply) []Action {
 	case r.ID == m.tickCall:
 		m.tickCall = 0
 		if r.Err != nil {
+			return nil
+		}
+		if m.gone {
+			if me := r.Value.(poolctl.Snapshot).Member(m.env.Name); me == nil || !me.Live {
+				m.gone = false
+				return m.renew(now)
+			}
 			return nil
 		}
 		return m.place(r.Value.(poolctl.Snapshot))
@@ -262,9 +281,9 @@ func (m *standin) leaseReply(now time.Duration, r Reply) []Action {
 	}
 	switch {
 	case errors.Is(r.Err, poolctl.ErrStaleIncarnation):
-		// A newer process runs under this pod name: this one is the old
-		// one and steps aside for good, rather than joining again and
-		// displacing it (which each would do to the other for ever).
+		// A newer incarnation holds this pod name. Joining again at once
+		// would displace it (and it this one, for ever): wait until it
+		// lapses (see gone).
 		out := m.dropAll()
 		m.gone = true
 		return out

@@ -85,6 +85,9 @@ type process struct {
 	pullers  map[string]*puller
 	timers   map[string]uint64 // name -> generation of its pending setting
 	started  int64
+	// leased: the last answer to a lease call of the process that was
+	// not lost granted it.
+	leased bool
 	// iso are the intervals it was cut off or paused.
 	iso [][2]int64
 	// inc is the incarnation the process's last delivered join reply
@@ -307,6 +310,12 @@ func (w *world) send(p *process, c Call) {
 		if p.cut(w.s.now) || w.fault(FaultLostReply, 0.08) {
 			w.tracef("%s %s #%d: reply lost", p.id, c.Op, c.ID)
 			return
+		}
+		if c.Op == OpJoin || c.Op == OpRenew {
+			// What the process will learn about its lease, set when the
+			// answer leaves the registry (a paused process learns it on
+			// resuming): see replace.
+			p.leased = err == nil
 		}
 		repDelay := w.s.between(100*1000, 15*ms)
 		if w.fault(FaultDelay, 0.15) {
