@@ -395,5 +395,3 @@ func firstLine(err error) string {
 	}
 	return s
 }
-
-
