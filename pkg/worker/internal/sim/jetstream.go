@@ -82,9 +82,10 @@ func (c *consumer) ack(m *msg) {
 	}
 }
 
-// nak puts a delivered row back for redelivery at once.
-func (c *consumer) nak(m *msg) {
-	if m.state == msgInFlight {
+// nak puts a delivered row back for redelivery at once, if that delivery
+// is still the row's latest (a nak of an older delivery is ignored).
+func (c *consumer) nak(m *msg, deliveries uint64) {
+	if m.state == msgInFlight && m.deliveries == deliveries {
 		m.state, m.to = msgAvailable, nil
 	}
 }

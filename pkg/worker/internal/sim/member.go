@@ -16,9 +16,9 @@ type Member interface {
 	// Step applies one event.
 	Step(now time.Duration, ev Event) []Action
 	// May reports whether rows of unit may be delivered or settled now
-	// under the token's epoch: the permission the member publishes to its
-	// pullers. Pullers call it at every row, before they record.
-	May(now time.Duration, unit string, epoch int64) bool
+	// under tok: the permission the member publishes to its pullers.
+	// Pullers call it at every row, before they record.
+	May(now time.Duration, unit string, tok poolctl.Token) bool
 }
 
 // EventKind says what an Event carries.
@@ -34,8 +34,17 @@ const (
 	// did not answer).
 	EvNATS
 	// EvPullerStopped says the puller of Unit stopped: it delivers and
-	// settles nothing more.
+	// settles nothing more. Withheld: it left rows neither delivered nor
+	// settled.
 	EvPullerStopped
+	// EvPullerPrepared says the puller lifted the pin (and RESET the
+	// consumer when asked) and pulls from now on.
+	EvPullerPrepared
+	// EvPullerFetched reports one completed pull (Rows).
+	EvPullerFetched
+	// EvProbe answers an ActProbe: Busy lists the probed units whose
+	// consumers hold rows.
+	EvProbe
 )
 
 // Event is one input of a Member.
@@ -46,6 +55,13 @@ type Event struct {
 	Unit  string
 	Op    Op
 	Err   error
+	// Req is the request an EvNATS or EvProbe answers.
+	Req uint64
+	// Puller names the puller a puller event is about.
+	Puller                  uint64
+	Rows                    int
+	Withheld, DrainTimedOut bool
+	Busy                    []string
 }
 
 // Op names a registry call or a NATS operation.
@@ -98,8 +114,19 @@ const (
 	ActReset
 	// ActStartPuller starts pulling Unit under Token.
 	ActStartPuller
-	// ActStopPuller asks the puller of Unit to stop; EvPullerStopped follows.
+	// ActStopPuller stops the puller of Unit at once: it settles nothing
+	// more; EvPullerStopped follows.
 	ActStopPuller
+	// ActDrainPuller stops the puller's fetching and lets delivered rows
+	// settle for at most Timeout, naking the rest; EvPullerStopped
+	// follows.
+	ActDrainPuller
+	// ActProbe asks which of Units' consumers hold rows (EvProbe, Req).
+	ActProbe
+	// ActNote is a line for the trace (Detail).
+	ActNote
+	// ActExit ends the process (the member gave up).
+	ActExit
 )
 
 // Action is one output of a Member.
@@ -114,6 +141,15 @@ type Action struct {
 	// and the topology epoch its claim was decided under, for its history
 	// records.
 	Incarnation, TopologyEpoch int64
+	// Puller names a started puller (its events carry it); Unpin and
+	// Reset ask it to UNPIN and RESET the consumer before its first pull.
+	Puller       uint64
+	Unpin, Reset bool
+	// Req tags an ActUnpin, ActReset or ActProbe's answer.
+	Req     uint64
+	Timeout time.Duration
+	Units   []string
+	Detail  string
 }
 
 // Call is one registry call: ID tags its reply, Do runs it against the

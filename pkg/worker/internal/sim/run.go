@@ -215,7 +215,7 @@ func (w *world) checkPullers(what string) {
 		sort.Strings(units)
 		for _, u := range units {
 			pl := p.pullers[u]
-			if pl.done || pl.stopping {
+			if pl.done || pl.mode != running {
 				continue
 			}
 			c := byUnit[u]

@@ -11,12 +11,13 @@ import (
 	"github.com/shardkeeper/shardkeeper/pkg/shard"
 )
 
-// Default builds the member logic runs use when Config.NewMember is nil.
-var Default = NewStandin
+// Default builds the member logic runs use when Config.NewMember is nil:
+// the worker's core.
+var Default = NewCore
 
 // MemberMutations lists the mutations the default member offers (names it
 // accepts in MemberEnv.Mutation).
-func MemberMutations() []string { return nil }
+func MemberMutations() []string { return CoreMutations() }
 
 // standin is the simulator's own member: the protocol of design.md
 // section 7 in a small form, written to exercise the simulator before the
@@ -29,9 +30,9 @@ type standin struct {
 	joined bool
 	// gone: a newer incarnation of this pod name exists (another process,
 	// or this one's own join whose reply was lost). The process waits
-	// until that incarnation's lease lapses, then joins again: a live
-	// other process is never displaced, and a lost join of its own costs
-	// one lease.
+	// until that incarnation's lease plus the grace has passed, then
+	// joins again: a live other process is never displaced, and a lost
+	// join of its own costs one lease.
 	gone    bool
 	fenceAt time.Duration
 	fenced  bool
@@ -89,7 +90,8 @@ func (m *standin) Start(now time.Duration) []Action {
 	return append(m.renew(now), timer("tick", now+500*time.Millisecond))
 }
 
-func (m *standin) May(now time.Duration, unit string, epoch int64) bool {
+func (m *standin) May(now time.Duration, unit string, tok poolctl.Token) bool {
+	epoch := tok.Epoch
 	h := m.held[unit]
 	if m.gone {
 		return false
@@ -234,7 +236,12 @@ func (m *standin) reply(now time.Duration, r Reply) []Action {
 			return nil
 		}
 		if m.gone {
-			if me := r.Value.(poolctl.Snapshot).Member(m.env.Name); me == nil || !me.Live {
+			// Join again once the newer incarnation's lease plus the
+			// grace has passed: it may still be delivering until its own
+			// self-fence, which a step of the registry's clock can put
+			// after the registry's expiry (the grace absorbs that).
+			snap := r.Value.(poolctl.Snapshot)
+			if me := snap.Member(m.env.Name); me == nil || me.Left || !snap.Now.Before(me.LeaseExpiresAt.Add(m.p.Grace)) {
 				m.gone = false
 				return m.renew(now)
 			}
@@ -339,7 +346,7 @@ func (m *standin) place(s poolctl.Snapshot) []Action {
 		switch h.state {
 		case holdPulling:
 			h.state = holdStopping
-			out = append(out, Action{Kind: ActStopPuller, Unit: u})
+			out = append(out, Action{Kind: ActDrainPuller, Unit: u, Timeout: 2 * time.Second})
 		case holdUnpinning, holdResetting, holdWaitStart:
 			h.state = holdUnpinRel
 			out = append(out, Action{Kind: ActUnpin, Unit: u})

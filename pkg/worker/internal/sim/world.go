@@ -161,6 +161,9 @@ func newWorld(cfg Config) *world {
 	e, err := w.twin.CreatePending(ctx, topology, 2, 2)
 	must(err)
 	must(w.twin.Activate(ctx, topology, e))
+	// The census allows RESET: every server of the model is at the floor.
+	must(w.twin.PublishResetPermission(ctx, topology, poolctl.ResetPermission{Allowed: true, Floor: "2.14.0",
+		Servers: map[string]string{"n1": "2.14.9"}}))
 	w.activatedAt[e] = 0
 	w.setUnits(2, 2)
 	w.plan = newPlan(cfg, rand.New(rand.NewPCG(uint64(cfg.Seed), 0xfa17)))
@@ -224,13 +227,31 @@ func (w *world) perform(p *process, acts []Action) {
 			w.natsOp(p, a)
 		case ActStartPuller:
 			w.startPuller(p, a)
-		case ActStopPuller:
-			if pl := p.pullers[a.Unit]; pl != nil {
-				pl.stop()
-			} else {
-				unit := a.Unit
-				w.s.after(0, p, func() { w.deliver(p, Event{Kind: EvPullerStopped, Unit: unit}) })
+		case ActStopPuller, ActDrainPuller:
+			mode := stopping
+			if a.Kind == ActDrainPuller {
+				mode = draining
 			}
+			if pl := p.pullers[a.Unit]; pl != nil && (a.Puller == 0 || pl.id == a.Puller) {
+				pl.stop(mode, a.Timeout)
+			} else {
+				unit, id := a.Unit, a.Puller
+				w.s.after(0, p, func() { w.deliver(p, Event{Kind: EvPullerStopped, Unit: unit, Puller: id}) })
+			}
+		case ActProbe:
+			var busy []string
+			for _, u := range a.Units {
+				if c := w.cons[u]; c == nil || c.unacked() > 0 {
+					busy = append(busy, u)
+				}
+			}
+			req := a.Req
+			w.s.after(w.s.between(100*1000, 5*ms), p, func() { w.deliver(p, Event{Kind: EvProbe, Req: req, Busy: busy}) })
+		case ActNote:
+			w.tracef("%s note: %s", p.id, a.Detail)
+		case ActExit:
+			w.tracef("%s exits: %s", p.id, a.Detail)
+			w.kill(p)
 		}
 	}
 }
@@ -296,6 +317,16 @@ func (w *world) send(p *process, c Call) {
 	w.s.after(reqDelay, nil, func() {
 		if p.dead {
 			return // the connection died with the process
+		}
+		if answered {
+			// The caller gave up (its query bound passed) and closed the
+			// connection before the request arrived: it does not commit.
+			// (A request that commits and whose reply then comes too late
+			// is the delayed reply below.) Were such requests to commit,
+			// a join the member retried would displace the incarnation
+			// the retry got, which no member logic can prevent.
+			w.tracef("%s %s #%d arrives after its caller gave up: dropped", p.id, c.Op, c.ID)
+			return
 		}
 		if w.registryDown() {
 			w.tracef("%s %s #%d: registry down", p.id, c.Op, c.ID)
@@ -374,13 +405,13 @@ func (w *world) natsOp(p *process, a Action) {
 	if a.Kind == ActReset {
 		op = OpReset
 	}
-	unit := a.Unit
+	unit, req := a.Unit, a.Req
 	c := w.cons[unit]
 	answered := false
 	w.s.after(2*sec, p, func() {
 		if !answered {
 			answered = true
-			w.deliver(p, Event{Kind: EvNATS, Unit: unit, Op: op, Err: errTimeout})
+			w.deliver(p, Event{Kind: EvNATS, Unit: unit, Op: op, Req: req, Err: errTimeout})
 		}
 	})
 	if p.cut(w.s.now) || c == nil {
@@ -400,7 +431,7 @@ func (w *world) natsOp(p *process, a Action) {
 				return
 			}
 			answered = true
-			w.deliver(p, Event{Kind: EvNATS, Unit: unit, Op: op})
+			w.deliver(p, Event{Kind: EvNATS, Unit: unit, Op: op, Req: req})
 		})
 	})
 }
