@@ -3,6 +3,7 @@ package member
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -450,5 +451,33 @@ func TestInBatchesSplitsOnlyWhenAsked(t *testing.T) {
 				t.Fatalf("inBatches(%v, %d) = %v, want %v", xs, tt.size, got, tt.want)
 			}
 		})
+	}
+}
+
+// The simulator replays a failing seed exactly only if a Core's actions
+// depend on its events alone, never on map iteration order.
+func TestTheSameEventsGiveTheSameActions(t *testing.T) {
+	script := func(h *harness) {
+		h.holding(8)
+		h.step(Shutdown{})
+		for i := range 8 {
+			h.stopped(fmt.Sprintf("0.%d", i))
+		}
+		h.advance(9 * time.Second) // renewals unanswered: fenced
+		h.step(Timer{})
+	}
+	var traces [2]string
+	for i := range traces {
+		h := newHarness(t)
+		if err := h.run(script); err != nil {
+			t.Fatal(err)
+		}
+		traces[i] = strings.Join(h.all, "\n")
+	}
+	if traces[0] != traces[1] {
+		t.Fatalf("two runs of the same events differ:\n%s\n\n%s", traces[0], traces[1])
+	}
+	if n := strings.Count(traces[0], "Unpin"); n != 8 {
+		t.Fatalf("%d UNPINs, want 8:\n%s", n, traces[0])
 	}
 }
