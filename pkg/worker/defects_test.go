@@ -206,80 +206,11 @@ func TestDrainTimeoutNaksTheRestOfTheBatch(t *testing.T) {
 	}
 }
 
-// Defect 8: a member fenced while its claims were in flight adopts
-// nothing on NATS (no UNPIN, no RESET, no pull) until its fence lifts.
-//
-// checks P5
-func TestAFenceDuringClaimsDelaysTakeoversUntilItLifts(t *testing.T) {
-	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2, AckWait: time.Minute, Params: roomyParams})
-	f.PublishCensus(natsops.DefaultFloor.String())
-	x := startSDK(t, f, "w-x", nil, nil)
-	waitHolding(t, x, 30*time.Second, "0.0", "0.1")
-	// w-x stops renewing: its lease lapses, then the grace passes.
-	x.reg.holdRenewals()
-	p := f.Opts.Params
-	fleettest.Eventually(t, 20*time.Second, func() error {
-		snap, err := f.Registry.Snapshot(context.Background(), f.Topology)
-		if err != nil {
-			return err
-		}
-		if m := snap.Member("w-x"); m == nil || snap.Now.Before(m.LeaseExpiresAt.Add(p.Grace)) {
-			return fmt.Errorf("w-x's units not adoptable yet")
-		}
-		return nil
-	})
-
-	// w-0's first claims (adoptions) wait on the gate. A wide fence
-	// margin makes it fence itself well before the registry could see
-	// its lease expire, and its fence records are held, so the claims
-	// still commit once the gate opens. (Had the registry heard of the
-	// fence, it would refuse them: safe, but then nothing is tested.)
-	gate := make(chan struct{})
-	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) { r.claimGate = gate }, func(o *worker.Options) {
-		o.FenceMargin = p.LeaseTTL * 3 / 4
-	})
-	fleettest.Eventually(t, 10*time.Second, func() error {
-		if a.w.Status().Incarnation == 0 {
-			return fmt.Errorf("w-0 has not joined yet")
-		}
-		return nil
-	})
-	a.reg.holdFences()
-	a.reg.holdRenewals()
-	fleettest.Eventually(t, 10*time.Second, func() error {
-		if !a.w.Status().Fenced {
-			return fmt.Errorf("w-0 not fenced yet")
-		}
-		return nil
-	})
-	close(gate)
-	fleettest.Eventually(t, 10*time.Second, func() error {
-		cs, err := f.Registry.Claims(context.Background(), f.Topology)
-		if err != nil {
-			return err
-		}
-		for _, c := range cs {
-			if c.Owner != "w-0" {
-				return fmt.Errorf("unit %s not yet adopted by w-0 (owner %q)", c.Unit, c.Owner)
-			}
-		}
-		return nil
-	})
-	if !a.w.Status().Fenced {
-		t.Fatal("setup: w-0's fence lifted before its claims returned")
-	}
-	lift := history.Now()
-	a.reg.releaseFences()
-	a.reg.releaseRenewals()
-	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
-	for _, k := range []history.Kind{history.KindReset, history.KindDeliver, history.KindFetch} {
-		for _, r := range a.records(k, "") {
-			if r.Start < lift {
-				t.Fatalf("w-0 recorded %s on %s while fenced (before its fence lifted)", k, r.Unit)
-			}
-		}
-	}
-}
+// Defect 8 (a member fenced while its claims were in flight adopts
+// nothing on NATS until its fence lifts) depended on the machine's speed;
+// its premise is a scripted interleaving of the member core now:
+// pkg/worker/internal/member, "an adoption granted while fenced waits for
+// the fence to lift".
 
 // Defect 9: when the reply to an adopting claim is lost, the retry (a
 // no-op in the registry) still reports the adoption, so the consumer is

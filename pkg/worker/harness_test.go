@@ -38,15 +38,10 @@ type faultyRegistry struct {
 	// loseClaimReply makes the next ClaimMany that adopts a unit commit
 	// and lose its reply.
 	loseClaimReply bool
-	// claimGate, when set, holds the next ClaimMany until it is closed.
-	claimGate chan struct{}
 	// late counts late requests still in flight.
 	late sync.WaitGroup
 	// heldRenewals are when each Renew the gate held was made.
 	heldRenewals []time.Time
-	// fenceGate, when set, holds every Fence until it is closed (or the
-	// call's context ends): the registry does not hear of a local fence.
-	fenceGate chan struct{}
 }
 
 func (r *faultyRegistry) Renew(ctx context.Context, m poolctl.MemberRef) (poolctl.Lease, error) {
@@ -70,15 +65,7 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 	r.mu.Lock()
 	late := r.lateFence
 	r.lateFence = 0
-	gate := r.fenceGate
 	r.mu.Unlock()
-	if gate != nil {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return fmt.Errorf("fence held by the test: %w", ctx.Err())
-		}
-	}
 	if late == 0 {
 		return r.Registry.Fence(ctx, m, gen)
 	}
@@ -92,14 +79,6 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 }
 
 func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, under int64, units []string) ([]poolctl.ClaimOutcome, error) {
-	r.mu.Lock()
-	gate := r.claimGate
-	r.claimGate = nil
-	r.mu.Unlock()
-	if gate != nil {
-		<-gate
-		ctx = context.Background() // the request was sent; it completes
-	}
 	outs, err := r.Registry.ClaimMany(ctx, m, under, units)
 	if err == nil && adopts(outs) {
 		r.mu.Lock()
@@ -127,21 +106,6 @@ func (r *faultyRegistry) holdRenewals() chan struct{} {
 	defer r.mu.Unlock()
 	r.renewGate = make(chan struct{})
 	return r.renewGate
-}
-
-func (r *faultyRegistry) holdFences() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.fenceGate = make(chan struct{})
-}
-
-func (r *faultyRegistry) releaseFences() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.fenceGate != nil {
-		close(r.fenceGate)
-		r.fenceGate = nil
-	}
 }
 
 func (r *faultyRegistry) releaseRenewals() {

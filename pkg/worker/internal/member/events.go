@@ -1,6 +1,7 @@
 package member
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
@@ -174,3 +175,68 @@ func (e UnpinDone) at() time.Duration      { return e.Now }
 func (e PullerPrepared) at() time.Duration { return e.Now }
 func (e PullerFetched) at() time.Duration  { return e.Now }
 func (e PullerStopped) at() time.Duration  { return e.Now }
+
+// Stamp returns ev with its Now set: the driver stamps each event when it
+// handles it, on its own monotonic clock.
+func Stamp(ev Event, now time.Duration) Event {
+	switch e := ev.(type) {
+	case Tick:
+		e.Now = now
+		return e
+	case Timer:
+		e.Now = now
+		return e
+	case Shutdown:
+		e.Now = now
+		return e
+	case JoinReply:
+		e.Now = now
+		return e
+	case RenewReply:
+		e.Now = now
+		return e
+	case FenceReply:
+		e.Now = now
+		return e
+	case UnfenceReply:
+		e.Now = now
+		return e
+	case ConfirmReply:
+		e.Now = now
+		return e
+	case SnapshotReply:
+		e.Now = now
+		return e
+	case ClaimReply:
+		e.Now = now
+		return e
+	case ReleaseReply:
+		e.Now = now
+		return e
+	case AckFreezeReply:
+		e.Now = now
+		return e
+	case LeaveReply:
+		e.Now = now
+		return e
+	case ActivityReply:
+		e.Now = now
+		return e
+	case ProbeReply:
+		e.Now = now
+		return e
+	case UnpinDone:
+		e.Now = now
+		return e
+	case PullerPrepared:
+		e.Now = now
+		return e
+	case PullerFetched:
+		e.Now = now
+		return e
+	case PullerStopped:
+		e.Now = now
+		return e
+	}
+	panic(fmt.Sprintf("unknown event %T", ev))
+}

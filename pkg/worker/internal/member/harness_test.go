@@ -78,7 +78,7 @@ func (h *harness) advance(d time.Duration) { h.now += d }
 
 // step feeds ev (stamped with the harness clock) and checks invariants.
 func (h *harness) step(ev Event) []Action {
-	ev = stamp(ev, h.now)
+	ev = Stamp(ev, h.now)
 	acts := h.c.Step(ev)
 	h.all = append(h.all, fmt.Sprintf("%v %T", h.now, ev))
 	for _, a := range acts {
@@ -279,70 +279,6 @@ func (h *harness) holding(n int) {
 // epoch now.
 func (h *harness) delivering(unit string, epoch int64) bool {
 	return h.perm.Allows(unitOf(unit), tok(unit, epoch), h.now)
-}
-
-// stamp sets an event's Now.
-func stamp(ev Event, now time.Duration) Event {
-	switch e := ev.(type) {
-	case Tick:
-		e.Now = now
-		return e
-	case Timer:
-		e.Now = now
-		return e
-	case Shutdown:
-		e.Now = now
-		return e
-	case JoinReply:
-		e.Now = now
-		return e
-	case RenewReply:
-		e.Now = now
-		return e
-	case FenceReply:
-		e.Now = now
-		return e
-	case UnfenceReply:
-		e.Now = now
-		return e
-	case ConfirmReply:
-		e.Now = now
-		return e
-	case SnapshotReply:
-		e.Now = now
-		return e
-	case ClaimReply:
-		e.Now = now
-		return e
-	case ReleaseReply:
-		e.Now = now
-		return e
-	case AckFreezeReply:
-		e.Now = now
-		return e
-	case LeaveReply:
-		e.Now = now
-		return e
-	case ActivityReply:
-		e.Now = now
-		return e
-	case ProbeReply:
-		e.Now = now
-		return e
-	case UnpinDone:
-		e.Now = now
-		return e
-	case PullerPrepared:
-		e.Now = now
-		return e
-	case PullerFetched:
-		e.Now = now
-		return e
-	case PullerStopped:
-		e.Now = now
-		return e
-	}
-	panic(fmt.Sprintf("unknown event %T", ev))
 }
 
 // describe is an action in one line, for traces.

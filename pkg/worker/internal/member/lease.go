@@ -3,6 +3,7 @@ package member
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
@@ -302,7 +303,8 @@ func (c *Core) fence(reason string) {
 	c.fenceGen++
 	c.recovery = recoverRenew
 	c.permDirty = true
-	for u, x := range c.units {
+	for _, u := range sortedUnits(c.units) {
+		x := c.units[u]
 		c.stopPuller(u, x)
 		if x.state == stDraining {
 			x.state, x.deadline = stHeld, 0
@@ -366,7 +368,13 @@ func (c *Core) loseLease(err error) {
 // unsureInFlight turns the units of claims sent under an incarnation
 // that is gone into unknown outcomes: a confirmation decides them.
 func (c *Core) unsureInFlight() {
-	for _, cl := range c.claims {
+	ids := make([]ReqID, 0, len(c.claims))
+	for id := range c.claims {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		cl := c.claims[id]
 		if cl.incarnation == c.incarnation() {
 			continue
 		}
@@ -460,8 +468,8 @@ func (c *Core) readyToLeave() bool {
 
 // finish ends the core.
 func (c *Core) finish(err error) {
-	for u, x := range c.units {
-		c.stopPuller(u, x)
+	for _, u := range sortedUnits(c.units) {
+		c.stopPuller(u, c.units[u])
 	}
 	c.phase = phaseDone
 	if err == nil {

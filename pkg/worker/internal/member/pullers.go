@@ -99,7 +99,14 @@ func (c *Core) onFetched(e PullerFetched) {
 // release with the puller's permission revoked, and the puller lingers,
 // so its unit gets no second puller in this process until it ends.
 func (c *Core) expireDeadlines() {
-	for _, u := range sortedUnits(c.units) {
+	var due []ownership.Unit
+	for u, x := range c.units {
+		if x.deadline > 0 && c.now >= x.deadline || x.puller != nil && x.puller.deadline > 0 && c.now >= x.puller.deadline {
+			due = append(due, u)
+		}
+	}
+	sortUnits(due) // the order of notes and actions must not depend on map order
+	for _, u := range due {
 		x := c.units[u]
 		if x.state == stDraining && x.deadline > 0 && c.now >= x.deadline {
 			c.stuck(u, x)

@@ -1,6 +1,9 @@
 package member
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -250,6 +253,39 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		// The premise of pkg/worker's former real-time test "a fence
+		// during claims delays takeovers until it lifts": adoptions
+		// granted while the member is fenced get no puller (no UNPIN,
+		// no RESET, no pull) until the fence lifts, and then take over.
+		name: "an adoption granted while fenced waits for the fence to lift",
+		script: func(h *harness) {
+			h.join(1, nil)
+			h.tick(snapshot(1, 1, false, 0))
+			cl := take[Claim](h)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			r := take[Renew](h)
+			h.advance(6 * time.Second)
+			h.step(Timer{})
+			mark := len(h.all)
+			h.step(ClaimReply{Req: cl.Req, Outcomes: []poolctl.ClaimOutcome{{Unit: "0.0",
+				Claim: poolctl.Claim{Token: tok("0.0", 5), Adopted: true, From: "w-x"}}}})
+			h.step(RenewReply{Req: r.Req, Lease: lease(1)})
+			h.renewOK()
+			f := take[Fence](h)
+			h.step(FenceReply{Req: f.Req})
+			u := take[Unfence](h)
+			h.step(UnfenceReply{Req: u.Req})
+			if h.emittedSince(mark, "StartPuller") || h.delivering("0.0", 5) {
+				h.fail("the adopted unit got a puller, or delivery, while the member was fenced")
+			}
+			h.confirm(map[string]int64{"0.0": 5})
+			if p := take[StartPuller](h); !p.Takeover || p.Token != tok("0.0", 5) {
+				h.fail("after the fence lifted: %+v, want a takeover at epoch 5", p)
+			}
+		},
+	},
+	{
 		// Suspected: a drain that outlasts the lease must not UNPIN the
 		// unit afterwards: it may have been adopted meanwhile.
 		name: "a drain that outlasts the lease sends no UNPIN",
@@ -394,4 +430,54 @@ func firstLine(err error) string {
 		}
 	}
 	return s
+}
+
+func TestInBatchesSplitsOnlyWhenAsked(t *testing.T) {
+	xs := []int{1, 2, 3, 4, 5}
+	tests := []struct {
+		size int
+		want [][]int
+	}{
+		{0, [][]int{{1, 2, 3, 4, 5}}},
+		{1, [][]int{{1}, {2}, {3}, {4}, {5}}},
+		{2, [][]int{{1, 2}, {3, 4}, {5}}},
+		{5, [][]int{{1, 2, 3, 4, 5}}},
+		{9, [][]int{{1, 2, 3, 4, 5}}},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("size %d", tt.size), func(t *testing.T) {
+			got := inBatches(xs, tt.size)
+			if !slices.EqualFunc(got, tt.want, slices.Equal[[]int]) {
+				t.Fatalf("inBatches(%v, %d) = %v, want %v", xs, tt.size, got, tt.want)
+			}
+		})
+	}
+}
+
+// The simulator replays a failing seed exactly only if a Core's actions
+// depend on its events alone, never on map iteration order.
+func TestTheSameEventsGiveTheSameActions(t *testing.T) {
+	script := func(h *harness) {
+		h.holding(8)
+		h.step(Shutdown{})
+		for i := range 8 {
+			h.stopped(fmt.Sprintf("0.%d", i))
+		}
+		h.advance(9 * time.Second) // renewals unanswered: fenced
+		h.step(Timer{})
+	}
+	var traces [2]string
+	for i := range traces {
+		h := newHarness(t)
+		if err := h.run(script); err != nil {
+			t.Fatal(err)
+		}
+		traces[i] = strings.Join(h.all, "\n")
+	}
+	if traces[0] != traces[1] {
+		t.Fatalf("two runs of the same events differ:\n%s\n\n%s", traces[0], traces[1])
+	}
+	if n := strings.Count(traces[0], "Unpin"); n != 8 {
+		t.Fatalf("%d UNPINs, want 8:\n%s", n, traces[0])
+	}
 }
