@@ -76,8 +76,10 @@ type faultPlan struct {
 	members int
 	enabled map[FaultKind]bool
 	list    []windowFault
-	// msgUntil is when per-message faults stop.
+	// msgUntil is when per-message faults stop; rate is each per-message
+	// kind's probability per message.
 	msgUntil int64
+	rate     map[FaultKind]float64
 	// quiet is when the last fault stopped acting.
 	quiet int64
 }
@@ -95,8 +97,18 @@ func newPlan(cfg Config, rng *rand.Rand) faultPlan {
 	pl.msgUntil = horizon
 	pl.quiet = horizon
 	draw := func() int64 { return int64(500*ms) + rng.Int64N(horizon-int64(500*ms)) }
+	// Per-message faults come at an intensity the seed picks, so some
+	// runs see a few and some a storm.
+	intensity := []float64{0.03, 0.1, 0.25}
+	pl.rate = map[FaultKind]float64{}
+	for _, k := range []FaultKind{FaultLostRequest, FaultLostReply, FaultDelay} {
+		pl.rate[k] = intensity[rng.IntN(len(intensity))]
+	}
 	for _, k := range FaultKinds {
 		n := 1 + rng.IntN(2)
+		if k == FaultFreeze {
+			n = 1 + rng.IntN(3)
+		}
 		for range n {
 			f := windowFault{kind: k, at: roundUS(draw()), target: rng.IntN(pl.members)}
 			switch k {
@@ -124,9 +136,6 @@ func newPlan(cfg Config, rng *rand.Rand) faultPlan {
 				f.replace = roundUS(int64(Params.LeaseTTL) + rng.Int64N(f.dur-int64(Params.LeaseTTL)+1))
 			case FaultFreeze:
 				f.grow = rng.IntN(2) == 0
-				if len(pl.list) > 0 && slices.ContainsFunc(pl.list, func(x windowFault) bool { return x.kind == FaultFreeze }) {
-					continue // one topology change per run
-				}
 			}
 			if !pl.enabled[k] {
 				continue
@@ -157,11 +166,11 @@ func (pl *faultPlan) windows(kind FaultKind) []windowFault {
 // fault decides one per-message fault: true when kind is enabled, the
 // per-message window is open and the draw says so. Each decision that
 // comes out true has an ordinal the shrinker can skip.
-func (w *world) fault(kind FaultKind, p float64) bool {
+func (w *world) fault(kind FaultKind) bool {
 	if !w.plan.enabled[kind] || w.s.now >= w.plan.msgUntil {
 		return false
 	}
-	if !w.s.chance(p) {
+	if !w.s.chance(w.plan.rate[kind]) {
 		return false
 	}
 	w.faultOrd++

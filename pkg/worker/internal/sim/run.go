@@ -129,9 +129,14 @@ func (w *world) publishProbes() {
 // more shard per partition when grow), activated once every live member
 // acknowledged it.
 func (w *world) freeze(grow bool) {
-	shards := 2
-	if grow {
-		shards = 3
+	if w.pendingEpoch != 0 {
+		return // one change at a time: the operator waits for the last
+	}
+	snap, err := w.twin.Snapshot(context.Background(), topology)
+	must(err)
+	shards := snap.Active.Shards
+	if grow && shards < 3 {
+		shards++
 	}
 	e, err := w.twin.CreatePending(context.Background(), topology, 2, shards)
 	must(err)

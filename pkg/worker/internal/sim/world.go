@@ -35,7 +35,7 @@ var Params = poolctl.Params{
 
 // The NATS side's timings.
 const (
-	pinnedTTL    = 2 * sec
+	pinnedTTL    = 120 * sec // the CRD's default
 	ackWait      = 3 * sec
 	fetchExpires = 500 * ms
 	fetchBatch   = 3
@@ -306,13 +306,13 @@ func (w *world) send(p *process, c Call) {
 		w.tracef("%s %s #%d: cut off", p.id, c.Op, c.ID)
 		return
 	}
-	if w.fault(FaultLostRequest, 0.08) {
+	if w.fault(FaultLostRequest) {
 		w.tracef("%s %s #%d: request lost", p.id, c.Op, c.ID)
 		return
 	}
 	reqDelay := w.s.between(100*1000, 15*ms)
-	if w.fault(FaultDelay, 0.15) {
-		reqDelay = w.s.between(50*ms, 2*bound)
+	if w.fault(FaultDelay) {
+		reqDelay = w.slow(bound)
 	}
 	w.s.after(reqDelay, nil, func() {
 		if p.dead {
@@ -338,7 +338,7 @@ func (w *world) send(p *process, c Call) {
 		}
 		v, err := c.Do(context.Background(), w.reg)
 		w.tracef("%s %s #%d runs: %s", p.id, c.Op, c.ID, brief(v, err))
-		if p.cut(w.s.now) || w.fault(FaultLostReply, 0.08) {
+		if p.cut(w.s.now) || w.fault(FaultLostReply) {
 			w.tracef("%s %s #%d: reply lost", p.id, c.Op, c.ID)
 			return
 		}
@@ -349,8 +349,8 @@ func (w *world) send(p *process, c Call) {
 			p.leased = err == nil
 		}
 		repDelay := w.s.between(100*1000, 15*ms)
-		if w.fault(FaultDelay, 0.15) {
-			repDelay = w.s.between(50*ms, 2*bound)
+		if w.fault(FaultDelay) {
+			repDelay = w.slow(bound)
 		}
 		w.s.after(repDelay, p, func() {
 			if p.cut(w.s.now) {
@@ -359,6 +359,15 @@ func (w *world) send(p *process, c Call) {
 			answer(Reply{Value: v, Err: err})
 		})
 	})
+}
+
+// slow is a delayed leg: mostly within the caller's query bound (a reply
+// that comes late but in time, overtaken by others), sometimes past it.
+func (w *world) slow(bound int64) int64 {
+	if w.s.chance(0.75) {
+		return w.s.between(20*ms, bound-ms)
+	}
+	return w.s.between(bound, 2*bound)
 }
 
 // brief is a call's outcome for the trace.
