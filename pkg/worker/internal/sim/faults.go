@@ -19,8 +19,15 @@ const (
 	// member cannot tell whether it did.
 	FaultLostReply FaultKind = "lost-reply"
 	// FaultDelay delays a request or a reply, up to twice the query
-	// bound, so replies come out of order and after the caller gave up.
+	// bound, so replies come out of order and after the caller gave up,
+	// and delays a call's outcome on its way to the member (the
+	// driver's goroutine posting it), so the member may handle it after
+	// later events.
 	FaultDelay FaultKind = "delay"
+	// FaultDupReply delivers a reply a second time, later (a retrying
+	// driver, a duplicated message): a member must apply a reply only
+	// while it answers the current question.
+	FaultDupReply FaultKind = "dup-reply"
 	// FaultOutage makes the registry refuse or drop every request for a
 	// while.
 	FaultOutage FaultKind = "outage"
@@ -55,7 +62,7 @@ const (
 )
 
 // FaultKinds lists every kind, in report order.
-var FaultKinds = []FaultKind{FaultLostRequest, FaultLostReply, FaultDelay, FaultOutage, FaultClockStep,
+var FaultKinds = []FaultKind{FaultLostRequest, FaultLostReply, FaultDelay, FaultDupReply, FaultOutage, FaultClockStep,
 	FaultPause, FaultCrash, FaultPartition, FaultDuplicate, FaultFreeze}
 
 // windowFault is one planned fault instance.
@@ -101,7 +108,7 @@ func newPlan(cfg Config, rng *rand.Rand) faultPlan {
 	// runs see a few and some a storm.
 	intensity := []float64{0.03, 0.1, 0.25}
 	pl.rate = map[FaultKind]float64{}
-	for _, k := range []FaultKind{FaultLostRequest, FaultLostReply, FaultDelay} {
+	for _, k := range []FaultKind{FaultLostRequest, FaultLostReply, FaultDelay, FaultDupReply} {
 		pl.rate[k] = intensity[rng.IntN(len(intensity))]
 	}
 	for _, k := range FaultKinds {
@@ -112,7 +119,7 @@ func newPlan(cfg Config, rng *rand.Rand) faultPlan {
 		for range n {
 			f := windowFault{kind: k, at: roundUS(draw()), target: rng.IntN(pl.members)}
 			switch k {
-			case FaultLostRequest, FaultLostReply, FaultDelay:
+			case FaultLostRequest, FaultLostReply, FaultDelay, FaultDupReply:
 				continue
 			case FaultOutage:
 				f.dur = roundUS(int64(200*ms) + rng.Int64N(int64(5*sec)))

@@ -126,6 +126,15 @@ func (pl *puller) fetch() {
 		pl.next()
 		return
 	}
+	if !pl.may() {
+		// Pull only while the permission allows the unit: a fenced
+		// process (resumed from a pause, say) that pulled before its core
+		// stopped the puller would take the pin the new holder just
+		// lifted, and keep the unit from it for the pinned TTL. The
+		// puller waits for its stop or for the fence to lift.
+		w.s.after(100*ms, p, pl.fetch)
+		return
+	}
 	pl.fetching = true
 	start := w.s.now
 	c := w.cons[pl.unit]

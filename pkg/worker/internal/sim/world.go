@@ -290,10 +290,28 @@ func (w *world) send(p *process, c Call) {
 		}
 		answered = true
 		r.ID, r.Op, r.Sent = c.ID, c.Op, time.Duration(sent)
-		if l, ok := r.Value.(poolctl.Lease); ok && r.Err == nil && c.Op == OpJoin {
-			p.inc = l.Incarnation
+		post := func() {
+			if l, ok := r.Value.(poolctl.Lease); ok && r.Err == nil && c.Op == OpJoin {
+				p.inc = l.Incarnation
+			}
+			w.deliver(p, Event{Kind: EvReply, Reply: r})
 		}
-		w.deliver(p, Event{Kind: EvReply, Reply: r})
+		// The call is over (its outcome decided); the driver's goroutine
+		// then posts it to the member, which a descheduled goroutine or a
+		// busy event queue can delay past later events.
+		if w.fault(FaultDelay) {
+			w.s.after(w.slow(Params.QueryBound.Nanoseconds()), p, post)
+		} else {
+			post()
+		}
+		if w.fault(FaultDupReply) {
+			// The same reply once more, later: the member must apply a
+			// reply only while it answers the current question.
+			w.s.after(w.s.between(ms, 2*sec), p, func() {
+				w.tracef("%s %s #%d: reply delivered again", p.id, c.Op, c.ID)
+				w.deliver(p, Event{Kind: EvReply, Reply: r})
+			})
+		}
 	}
 	bound := int64(Params.QueryBound)
 	w.s.after(bound, p, func() {
