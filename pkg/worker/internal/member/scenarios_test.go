@@ -317,6 +317,8 @@ var scenarios = []scenario{
 			h.step(Shutdown{})
 			l := take[Leave](h)
 			h.step(LeaveReply{Req: l.Req, Err: &poolctl.HoldingError{Member: me, Units: 1}})
+			h.advance(time.Second)
+			h.step(Timer{})
 			h.confirm(map[string]int64{"0.0": 1})
 			u := take[Unpin](h)
 			h.step(UnpinDone{Req: u.Req})
