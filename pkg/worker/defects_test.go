@@ -384,3 +384,53 @@ func TestAMemberRetriesTheRegistryWithinTheGrace(t *testing.T) {
 		}
 	}
 }
+
+// Issue 20 defect 6: a second process under the same pod name (a
+// partitioned old pod that healed after its replacement started) displaces
+// the first. The displaced process must not join again while the other is
+// live: each join pushed the other's re-home back, and the two took turns
+// forever (54 joins each in 20s, no acks). Now the units settle on the
+// newer process and its rows flow, and neither joins again.
+//
+// checks P3 (liveness), P1
+func TestTwoProcessesUnderOnePodNameDoNotTakeTurns(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	old := startSDK(t, f, "w-0", nil, nil)
+	waitHolding(t, old, 30*time.Second, "0.0", "0.1")
+	repl := startSDK(t, f, "w-0", nil, nil)
+	waitHolding(t, repl, 60*time.Second, "0.0", "0.1")
+	// The fault took effect: the first process was displaced and fenced.
+	if !old.w.Status().Fenced || old.counter(t, "shardkeeper_worker_fences_total") < 1 {
+		t.Fatalf("setup: the first process was not displaced: %+v", old.w.Status())
+	}
+	displaced := history.Now()
+	joins := []float64{old.counter(t, "shardkeeper_worker_joins_total"), repl.counter(t, "shardkeeper_worker_joins_total")}
+
+	rows := f.PublishBurst([]ownership.Unit{{Partition: 0, Shard: 0}, {Partition: 0, Shard: 1}}, 200)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := len(repl.records(history.KindAck, "")); n < len(rows) {
+			return fmt.Errorf("the newer process acked %d of %d rows", n, len(rows))
+		}
+		return nil
+	})
+	// A window as long as two leases plus the grace, in which the old
+	// code joined dozens of times.
+	p := f.Opts.Params
+	<-time.After(2*p.LeaseTTL + p.Grace) // the observation's length, not a wait for a condition
+	now := []float64{old.counter(t, "shardkeeper_worker_joins_total"), repl.counter(t, "shardkeeper_worker_joins_total")}
+	t.Logf("joins (displaced, newer): %v at displacement, %v after %s; %d rows acked by the newer process",
+		joins, now, 2*p.LeaseTTL+p.Grace, len(repl.records(history.KindAck, "")))
+	if now[0] != joins[0] || now[1] != joins[1] {
+		t.Fatalf("the processes joined again: %v, then %v", joins, now)
+	}
+	if !old.w.Status().Fenced {
+		t.Fatal("the displaced process unfenced while the newer one lives")
+	}
+	for _, k := range []history.Kind{history.KindDeliver, history.KindAck} {
+		for _, r := range old.records(k, "") {
+			if r.Start > displaced {
+				t.Fatalf("the displaced process recorded %s on %s after it was displaced", k, r.Unit)
+			}
+		}
+	}
+}
