@@ -434,3 +434,44 @@ func TestTwoProcessesUnderOnePodNameDoNotTakeTurns(t *testing.T) {
 		}
 	}
 }
+
+// Issue 20 defect 5: a claim commits and its reply is lost, and before the
+// member hears anything placement moves the unit away (the operator asks
+// it to drain). The member confirms the unknown outcome and hands the
+// units over; before the core it took the lost reply for a refusal, placed
+// nothing on itself, and the units stayed with it, live, where nobody may
+// adopt them.
+//
+// checks P3 (liveness), P6
+func TestALostClaimReplyThenAPlacementChangeStrandsNothing(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) {
+		r.afterLostClaim = func() {
+			if err := f.Registry.SetDraining(context.Background(), f.Topology, "w-0", true); err != nil {
+				t.Errorf("set draining: %v", err)
+			}
+		}
+	}, nil)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		a.reg.mu.Lock()
+		defer a.reg.mu.Unlock()
+		if a.reg.lostClaims == 0 {
+			return fmt.Errorf("no claim reply lost yet")
+		}
+		return nil
+	})
+	b := startSDK(t, f, "w-1", nil, nil)
+	waitHolding(t, b, 30*time.Second, "0.0", "0.1")
+	cs, err := f.Registry.Claims(context.Background(), f.Topology)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if c.Owner != "w-1" || c.State != poolctl.StateHeld {
+			t.Fatalf("unit %s: owner %q state %s, want held by w-1", c.Unit, c.Owner, c.State)
+		}
+	}
+	if st := a.w.Status(); len(st.Held) != 0 {
+		t.Fatalf("w-0 still holds %v", st.Held)
+	}
+}

@@ -38,6 +38,11 @@ type faultyRegistry struct {
 	// loseClaimReply makes the next ClaimMany that adopts a unit commit
 	// and lose its reply.
 	loseClaimReply bool
+	// afterLostClaim, when set, makes the next ClaimMany that grants a
+	// unit commit, run it (a change that lands before the reply would
+	// have), and lose its reply; lostClaims counts such replies.
+	afterLostClaim func()
+	lostClaims     int
 	// late counts late requests still in flight.
 	late sync.WaitGroup
 	// heldRenewals are when each Renew the gate held was made.
@@ -80,6 +85,19 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 
 func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, under int64, units []string) ([]poolctl.ClaimOutcome, error) {
 	outs, err := r.Registry.ClaimMany(ctx, m, under, units)
+	if err == nil && grants(outs) {
+		r.mu.Lock()
+		after := r.afterLostClaim
+		r.afterLostClaim = nil
+		if after != nil {
+			r.lostClaims++
+		}
+		r.mu.Unlock()
+		if after != nil {
+			after()
+			return nil, errors.New("claim reply lost (test)")
+		}
+	}
 	if err == nil && adopts(outs) {
 		r.mu.Lock()
 		lose := r.loseClaimReply
@@ -90,6 +108,15 @@ func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, und
 		}
 	}
 	return outs, err
+}
+
+func grants(outs []poolctl.ClaimOutcome) bool {
+	for _, o := range outs {
+		if o.Err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func adopts(outs []poolctl.ClaimOutcome) bool {
