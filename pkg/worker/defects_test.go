@@ -475,3 +475,56 @@ func TestALostClaimReplyThenAPlacementChangeStrandsNothing(t *testing.T) {
 		t.Fatalf("w-0 still holds %v", st.Held)
 	}
 }
+
+// Issue 20 defect 4: the reply to a freeze acknowledgement comes back
+// after the member lost its lease and joined again. The acknowledgement
+// was the earlier incarnation's; the new one must acknowledge again, or
+// Activate waits forever and claims stay frozen fleet-wide.
+//
+// checks P2 (liveness)
+func TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	ctx := context.Background()
+	gate := make(chan struct{})
+	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) { r.ackGate = gate }, nil)
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+	first := a.w.Status().Incarnation
+	epoch, err := f.Registry.CreatePending(ctx, f.Topology, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 20*time.Second, func() error {
+		a.reg.mu.Lock()
+		defer a.reg.mu.Unlock()
+		if a.reg.heldAcks == 0 {
+			return fmt.Errorf("no acknowledgement committed yet")
+		}
+		return nil
+	})
+	// The lease lapses while the reply is held; the member joins again.
+	a.reg.holdRenewals()
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		snap, err := f.Registry.Snapshot(ctx, f.Topology)
+		if err != nil {
+			return err
+		}
+		if m := snap.Member("w-0"); m == nil || m.Live {
+			return fmt.Errorf("w-0's lease has not lapsed yet")
+		}
+		return nil
+	})
+	a.reg.releaseRenewals()
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if st := a.w.Status(); st.Incarnation == first || st.Fenced {
+			return fmt.Errorf("not rejoined and unfenced yet: %+v", st)
+		}
+		return nil
+	})
+	if err := f.Registry.Activate(ctx, f.Topology, epoch); err == nil {
+		t.Fatal("setup: the epoch activated before the new incarnation acknowledged")
+	}
+	close(gate) // incarnation 1's acknowledgement returns, late
+	fleettest.Eventually(t, 20*time.Second, func() error {
+		return f.Registry.Activate(ctx, f.Topology, epoch)
+	})
+}

@@ -43,6 +43,11 @@ type faultyRegistry struct {
 	// have), and lose its reply; lostClaims counts such replies.
 	afterLostClaim func()
 	lostClaims     int
+	// ackGate, when set, makes the next AckFreeze commit and hold its
+	// (successful) reply until the gate closes, whatever the caller's
+	// deadline: a reply that arrives late. heldAcks counts such replies.
+	ackGate  chan struct{}
+	heldAcks int
 	// late counts late requests still in flight.
 	late sync.WaitGroup
 	// heldRenewals are when each Renew the gate held was made.
@@ -108,6 +113,21 @@ func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, und
 		}
 	}
 	return outs, err
+}
+
+func (r *faultyRegistry) AckFreeze(ctx context.Context, m poolctl.MemberRef, epoch int64) error {
+	err := r.Registry.AckFreeze(ctx, m, epoch)
+	r.mu.Lock()
+	gate := r.ackGate
+	if err == nil && gate != nil {
+		r.ackGate = nil
+		r.heldAcks++
+	}
+	r.mu.Unlock()
+	if err == nil && gate != nil {
+		<-gate
+	}
+	return err
 }
 
 func grants(outs []poolctl.ClaimOutcome) bool {
