@@ -153,6 +153,17 @@ func (c *Core) applyConfirmation(cl *call, conf poolctl.Confirmation) {
 			c.confirmed(u, conf.Held[name], handover[name])
 		}
 	}
+	for _, name := range conf.Waiting {
+		// An earlier incarnation's claim not re-homed yet (its lease plus
+		// the grace has not passed): this incarnation has no valid token
+		// for it, so no puller may run for it until a later confirmation
+		// re-homes it onto this incarnation (found by the simulator, seed
+		// 46: a rejoined member delivered under the old incarnation's
+		// token).
+		if u, err := ownership.ParseUnit(name); err == nil && c.units[u] != nil && current(u) {
+			c.forget(u)
+		}
+	}
 	for _, mv := range conf.Moved {
 		u, err := ownership.ParseUnit(mv.Unit)
 		if x := c.units[u]; err == nil && x != nil && x.hasToken() && x.token.Epoch == mv.Expected && current(u) {

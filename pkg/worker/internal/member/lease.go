@@ -357,6 +357,19 @@ func (c *Core) loseLease(err error) {
 		c.displaced++
 		c.displacedFrom = c.incarnation()
 		c.note(NoteDisplaced, ownership.Unit{}, float64(c.displaced), "a later process under this name joined")
+		// The pod name belongs to the later process: this one is the old
+		// pod's (a partitioned pod replaced meanwhile) and gives up for
+		// good. Joining again once the other's lease lapsed, as it did
+		// before, races the other's own rejoin (after a registry outage,
+		// say): whichever joins second displaces the first, which then
+		// delivers outside its claim until its next renewal (found by the
+		// simulator, seeds 287, 1080, 1645, 3206). Exiting costs a
+		// container restart when the later join was this process's own
+		// lost one.
+		c.lease = nil
+		c.recovery = recoverNone
+		c.finish(fmt.Errorf("displaced by a later process under the name %s: %w", c.cfg.Member, err))
+		return
 	}
 	c.lease = nil
 	c.recovery = recoverNone

@@ -85,7 +85,11 @@ func (c *Core) checkDisplacer(s poolctl.Snapshot) {
 		return
 	}
 	m := s.Member(c.cfg.Member)
-	if m == nil || !m.Live || m.Left || m.Incarnation <= c.displacedFrom {
+	// The displacer's lease plus the grace: it fences itself on its own
+	// clock, which a forward step of the registry's clock puts after the
+	// registry's expiry; joining at the expiry itself would take the name
+	// from a process still delivering (found by the simulator, seed 287).
+	if m == nil || m.Left || m.Incarnation <= c.displacedFrom || !s.Now.Before(m.LeaseExpiresAt.Add(s.Params.Grace)) {
 		c.displacedFrom = 0
 	}
 }
