@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -387,10 +388,11 @@ func TestAMemberRetriesTheRegistryWithinTheGrace(t *testing.T) {
 
 // Issue 20 defect 6: a second process under the same pod name (a
 // partitioned old pod that healed after its replacement started) displaces
-// the first. The displaced process must not join again while the other is
-// live: each join pushed the other's re-home back, and the two took turns
-// forever (54 joins each in 20s, no acks). Now the units settle on the
-// newer process and its rows flow, and neither joins again.
+// the first. The displaced process must not join again: each join pushed
+// the other's re-home back, and the two took turns forever (54 joins each
+// in 20s, no acks). Now the displaced one gives up (its Run returns an
+// error), the units settle on the newer process, its rows flow, and
+// neither joins again.
 //
 // checks P3 (liveness), P1
 func TestTwoProcessesUnderOnePodNameDoNotTakeTurns(t *testing.T) {
@@ -425,6 +427,9 @@ func TestTwoProcessesUnderOnePodNameDoNotTakeTurns(t *testing.T) {
 	}
 	if !old.w.Status().Fenced {
 		t.Fatal("the displaced process unfenced while the newer one lives")
+	}
+	if err := old.stop(time.Second); err == nil || strings.Contains(err.Error(), "did not stop") {
+		t.Fatalf("the displaced process's Run should have returned an error by itself, got %v", err)
 	}
 	for _, k := range []history.Kind{history.KindDeliver, history.KindAck} {
 		for _, r := range old.records(k, "") {

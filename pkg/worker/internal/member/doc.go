@@ -32,8 +32,9 @@
 //   - A freeze acknowledgement counts only for the incarnation it was sent
 //     under.
 //   - A process displaced by a later join under its own name
-//     (ErrStaleIncarnation) waits out the other's lease and grace before it
-//     joins again, so two processes under one name do not livelock.
+//     (ErrStaleIncarnation) gives up for good (Done with an error): the
+//     name is the later process's, and two processes under one name that
+//     rejoin take turns displacing each other.
 //   - A unit being handed over is never given a puller again, and UNPIN is
 //     sent once, before the first release, and never while fenced.
 //   - Drains and stops are bounded even when a handler ignores its context.
