@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -383,4 +384,152 @@ func TestAMemberRetriesTheRegistryWithinTheGrace(t *testing.T) {
 			t.Fatalf("%s between renewal attempts %d and %d while the registry did not answer; the grace is %s, bound %s", gap, i, i+1, p.Grace, bound)
 		}
 	}
+}
+
+// Issue 20 defect 6: a second process under the same pod name (a
+// partitioned old pod that healed after its replacement started) displaces
+// the first. The displaced process must not join again: each join pushed
+// the other's re-home back, and the two took turns forever (54 joins each
+// in 20s, no acks). Now the displaced one gives up (its Run returns an
+// error), the units settle on the newer process, its rows flow, and
+// neither joins again.
+//
+// checks P3 (liveness), P1
+func TestTwoProcessesUnderOnePodNameDoNotTakeTurns(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	old := startSDK(t, f, "w-0", nil, nil)
+	waitHolding(t, old, 30*time.Second, "0.0", "0.1")
+	repl := startSDK(t, f, "w-0", nil, nil)
+	waitHolding(t, repl, 60*time.Second, "0.0", "0.1")
+	// The fault took effect: the first process was displaced and fenced.
+	if !old.w.Status().Fenced || old.counter(t, "shardkeeper_worker_fences_total") < 1 {
+		t.Fatalf("setup: the first process was not displaced: %+v", old.w.Status())
+	}
+	displaced := history.Now()
+	joins := []float64{old.counter(t, "shardkeeper_worker_joins_total"), repl.counter(t, "shardkeeper_worker_joins_total")}
+
+	rows := f.PublishBurst([]ownership.Unit{{Partition: 0, Shard: 0}, {Partition: 0, Shard: 1}}, 200)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := len(repl.records(history.KindAck, "")); n < len(rows) {
+			return fmt.Errorf("the newer process acked %d of %d rows", n, len(rows))
+		}
+		return nil
+	})
+	// A window as long as two leases plus the grace, in which the old
+	// code joined dozens of times.
+	p := f.Opts.Params
+	<-time.After(2*p.LeaseTTL + p.Grace) // the observation's length, not a wait for a condition
+	now := []float64{old.counter(t, "shardkeeper_worker_joins_total"), repl.counter(t, "shardkeeper_worker_joins_total")}
+	t.Logf("joins (displaced, newer): %v at displacement, %v after %s; %d rows acked by the newer process",
+		joins, now, 2*p.LeaseTTL+p.Grace, len(repl.records(history.KindAck, "")))
+	if now[0] != joins[0] || now[1] != joins[1] {
+		t.Fatalf("the processes joined again: %v, then %v", joins, now)
+	}
+	if !old.w.Status().Fenced {
+		t.Fatal("the displaced process unfenced while the newer one lives")
+	}
+	if err := old.stop(time.Second); err == nil || strings.Contains(err.Error(), "did not stop") {
+		t.Fatalf("the displaced process's Run should have returned an error by itself, got %v", err)
+	}
+	for _, k := range []history.Kind{history.KindDeliver, history.KindAck} {
+		for _, r := range old.records(k, "") {
+			if r.Start > displaced {
+				t.Fatalf("the displaced process recorded %s on %s after it was displaced", k, r.Unit)
+			}
+		}
+	}
+}
+
+// Issue 20 defect 5: a claim commits and its reply is lost, and before the
+// member hears anything placement moves the unit away (the operator asks
+// it to drain). The member confirms the unknown outcome and hands the
+// units over; before the core it took the lost reply for a refusal, placed
+// nothing on itself, and the units stayed with it, live, where nobody may
+// adopt them.
+//
+// checks P3 (liveness), P6
+func TestALostClaimReplyThenAPlacementChangeStrandsNothing(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) {
+		r.afterLostClaim = func() {
+			if err := f.Registry.SetDraining(context.Background(), f.Topology, "w-0", true); err != nil {
+				t.Errorf("set draining: %v", err)
+			}
+		}
+	}, nil)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		a.reg.mu.Lock()
+		defer a.reg.mu.Unlock()
+		if a.reg.lostClaims == 0 {
+			return fmt.Errorf("no claim reply lost yet")
+		}
+		return nil
+	})
+	b := startSDK(t, f, "w-1", nil, nil)
+	waitHolding(t, b, 30*time.Second, "0.0", "0.1")
+	cs, err := f.Registry.Claims(context.Background(), f.Topology)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if c.Owner != "w-1" || c.State != poolctl.StateHeld {
+			t.Fatalf("unit %s: owner %q state %s, want held by w-1", c.Unit, c.Owner, c.State)
+		}
+	}
+	if st := a.w.Status(); len(st.Held) != 0 {
+		t.Fatalf("w-0 still holds %v", st.Held)
+	}
+}
+
+// Issue 20 defect 4: the reply to a freeze acknowledgement comes back
+// after the member lost its lease and joined again. The acknowledgement
+// was the earlier incarnation's; the new one must acknowledge again, or
+// Activate waits forever and claims stay frozen fleet-wide.
+//
+// checks P2 (liveness)
+func TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	ctx := context.Background()
+	gate := make(chan struct{})
+	a := startArmedSDK(t, f, "w-0", nil, func(r *faultyRegistry) { r.ackGate = gate }, nil)
+	waitHolding(t, a, 30*time.Second, "0.0", "0.1")
+	first := a.w.Status().Incarnation
+	epoch, err := f.Registry.CreatePending(ctx, f.Topology, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 20*time.Second, func() error {
+		a.reg.mu.Lock()
+		defer a.reg.mu.Unlock()
+		if a.reg.heldAcks == 0 {
+			return fmt.Errorf("no acknowledgement committed yet")
+		}
+		return nil
+	})
+	// The lease lapses while the reply is held; the member joins again.
+	a.reg.holdRenewals()
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		snap, err := f.Registry.Snapshot(ctx, f.Topology)
+		if err != nil {
+			return err
+		}
+		if m := snap.Member("w-0"); m == nil || m.Live {
+			return fmt.Errorf("w-0's lease has not lapsed yet")
+		}
+		return nil
+	})
+	a.reg.releaseRenewals()
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if st := a.w.Status(); st.Incarnation == first || st.Fenced {
+			return fmt.Errorf("not rejoined and unfenced yet: %+v", st)
+		}
+		return nil
+	})
+	if err := f.Registry.Activate(ctx, f.Topology, epoch); err == nil {
+		t.Fatal("setup: the epoch activated before the new incarnation acknowledged")
+	}
+	close(gate) // incarnation 1's acknowledgement returns, late
+	fleettest.Eventually(t, 20*time.Second, func() error {
+		return f.Registry.Activate(ctx, f.Topology, epoch)
+	})
 }

@@ -38,6 +38,16 @@ type faultyRegistry struct {
 	// loseClaimReply makes the next ClaimMany that adopts a unit commit
 	// and lose its reply.
 	loseClaimReply bool
+	// afterLostClaim, when set, makes the next ClaimMany that grants a
+	// unit commit, run it (a change that lands before the reply would
+	// have), and lose its reply; lostClaims counts such replies.
+	afterLostClaim func()
+	lostClaims     int
+	// ackGate, when set, makes the next AckFreeze commit and hold its
+	// (successful) reply until the gate closes, whatever the caller's
+	// deadline: a reply that arrives late. heldAcks counts such replies.
+	ackGate  chan struct{}
+	heldAcks int
 	// late counts late requests still in flight.
 	late sync.WaitGroup
 	// heldRenewals are when each Renew the gate held was made.
@@ -80,6 +90,19 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 
 func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, under int64, units []string) ([]poolctl.ClaimOutcome, error) {
 	outs, err := r.Registry.ClaimMany(ctx, m, under, units)
+	if err == nil && grants(outs) {
+		r.mu.Lock()
+		after := r.afterLostClaim
+		r.afterLostClaim = nil
+		if after != nil {
+			r.lostClaims++
+		}
+		r.mu.Unlock()
+		if after != nil {
+			after()
+			return nil, errors.New("claim reply lost (test)")
+		}
+	}
 	if err == nil && adopts(outs) {
 		r.mu.Lock()
 		lose := r.loseClaimReply
@@ -90,6 +113,30 @@ func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, und
 		}
 	}
 	return outs, err
+}
+
+func (r *faultyRegistry) AckFreeze(ctx context.Context, m poolctl.MemberRef, epoch int64) error {
+	err := r.Registry.AckFreeze(ctx, m, epoch)
+	r.mu.Lock()
+	gate := r.ackGate
+	if err == nil && gate != nil {
+		r.ackGate = nil
+		r.heldAcks++
+	}
+	r.mu.Unlock()
+	if err == nil && gate != nil {
+		<-gate
+	}
+	return err
+}
+
+func grants(outs []poolctl.ClaimOutcome) bool {
+	for _, o := range outs {
+		if o.Err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func adopts(outs []poolctl.ClaimOutcome) bool {

@@ -315,6 +315,7 @@ func (p *puller) drain(timeout time.Duration) {
 		defer t.Stop()
 		select {
 		case <-p.done:
+		case <-p.w.loopDone: // Run ended; it stops every puller itself
 		case <-t.C:
 			// Abandon before cancelling: handle() checks abandon first,
 			// so the rest of the batch is nak'd rather than withheld.

@@ -105,7 +105,9 @@ func sinceStart() time.Duration { return time.Since(processStart) }
 // and leaves, bounded by twice the drain timeout plus ten seconds. It
 // returns nil after a clean leave. The lease keeps being renewed until the
 // member has left, so a slow handover on shutdown never turns into the
-// crash path.
+// crash path. A process displaced by a later one under the same member
+// name (the registry reports a later incarnation) returns an error at
+// once: the name is the other's.
 func (w *Worker) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.runCtx = runCtx

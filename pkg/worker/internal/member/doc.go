@@ -12,6 +12,15 @@
 // So the same core runs under pkg/worker's real driver and under a
 // deterministic simulator that chooses the order of every reply.
 //
+// The caller's side of the contract: every action with a Req gets exactly
+// one reply event with that Req (a call that timed out or whose reply was
+// lost is answered with its error: the core takes any error that is not
+// one of the registry's refusals as an unknown outcome); every StartPuller
+// gets exactly one PullerStopped; Publish takes effect before the next
+// action is performed; a Timer comes at or after the last SetTimer's
+// instant. Replies may come in any order and late: the core drops those
+// that no longer answer a current question.
+//
 // Rules the core keeps, each the answer to a defect of the goroutines and
 // mutex it replaces (issue 20):
 //
@@ -23,8 +32,9 @@
 //   - A freeze acknowledgement counts only for the incarnation it was sent
 //     under.
 //   - A process displaced by a later join under its own name
-//     (ErrStaleIncarnation) waits out the other's lease and grace before it
-//     joins again, so two processes under one name do not livelock.
+//     (ErrStaleIncarnation) gives up for good (Done with an error): the
+//     name is the later process's, and two processes under one name that
+//     rejoin take turns displacing each other.
 //   - A unit being handed over is never given a puller again, and UNPIN is
 //     sent once, before the first release, and never while fenced.
 //   - Drains and stops are bounded even when a handler ignores its context.

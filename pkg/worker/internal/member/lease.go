@@ -284,9 +284,11 @@ func (c *Core) onLeave(e LeaveReply) {
 		// lost already left.
 		c.finish(nil)
 	case errors.Is(e.Err, poolctl.ErrStillHolding):
-		// A claim the member does not know of (a reply lost): confirm
-		// it, hand it over, leave again.
+		// A claim the member does not know of (a reply lost), or one
+		// of an earlier incarnation still within its grace: confirm,
+		// hand over, leave again, paced like any failed call.
 		c.needConfirm = true
+		c.failed("leave", e.Err)
 	default:
 		c.failed("leave", e.Err)
 	}
@@ -474,9 +476,9 @@ func (c *Core) leaving() {
 	}
 }
 
-// readyToLeave: nothing held, claimed or unknown any more.
+// readyToLeave: nothing held, claimed, unknown or waiting to come home.
 func (c *Core) readyToLeave() bool {
-	return len(c.units) == 0 && len(c.claims) == 0 && len(c.releases) == 0 && !c.needConfirm
+	return len(c.units) == 0 && len(c.claims) == 0 && len(c.releases) == 0 && !c.needConfirm && c.waiting == 0
 }
 
 // finish ends the core.

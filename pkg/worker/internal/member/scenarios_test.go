@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
@@ -283,6 +284,76 @@ var scenarios = []scenario{
 			h.confirm(map[string]int64{"0.0": 5})
 			if p := take[StartPuller](h); !p.Takeover || p.Token != tok("0.0", 5) {
 				h.fail("after the fence lifted: %+v, want a takeover at epoch 5", p)
+			}
+		},
+	},
+	{
+		// A unit re-homed onto a new incarnation while its release is in
+		// flight is released at its new token: the old one is refused,
+		// and a unit the member holds without knowing is stranded.
+		name: "a unit re-homed during its release is released at its new token",
+		script: func(h *harness) {
+			h.holding(1)
+			r := handOverAll(h)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			rn := take[Renew](h)
+			h.step(RenewReply{Req: rn.Req, Err: poolctl.ErrLeaseExpired})
+			h.advance(time.Second)
+			h.step(Timer{})
+			h.join(2, map[string]int64{"0.0": 2})
+			h.step(ReleaseReply{Req: r.Req, Errs: []error{&poolctl.StaleEpochError{Token: r.Tokens[0], Reason: poolctl.StaleMoved}}})
+			r2 := take[Release](h)
+			if r2.Tokens[0] != tok("0.0", 2) || has[Unpin](h) {
+				h.fail("second release %v, want 0.0 at epoch 2 without another UNPIN", r2.Tokens)
+			}
+		},
+	},
+	{
+		// A Leave refused because the member still holds a claim it did
+		// not know of confirms it, hands it over and leaves again.
+		name: "a leave refused for a claim the member did not know hands it over first",
+		script: func(h *harness) {
+			h.join(1, nil)
+			h.step(Shutdown{})
+			l := take[Leave](h)
+			h.step(LeaveReply{Req: l.Req, Err: &poolctl.HoldingError{Member: me, Units: 1}})
+			h.advance(time.Second)
+			h.step(Timer{})
+			h.confirm(map[string]int64{"0.0": 1})
+			u := take[Unpin](h)
+			h.step(UnpinDone{Req: u.Req})
+			r := take[Release](h)
+			h.step(ReleaseReply{Req: r.Req, Errs: []error{nil}})
+			l = take[Leave](h)
+			if !done(h.step(LeaveReply{Req: l.Req})) {
+				h.fail("not done after the second leave")
+			}
+		},
+	},
+	{
+		// A held unit that left the topology (a V decrease) is delivered
+		// until its consumer is drained, and only then handed over.
+		name: "a unit that left the topology is handed over only once its consumer is drained",
+		script: func(h *harness) {
+			h.holding(2)
+			shrunk := snapshot(1, 1, false, 0)
+			shrunk.Active.Number = 2
+			h.step(Tick{})
+			s := take[ReadSnapshot](h)
+			h.step(SnapshotReply{Req: s.Req, Snap: shrunk})
+			p := take[Probe](h)
+			h.step(ProbeReply{Req: p.Req, Busy: []ownership.Unit{unitOf("0.1")}})
+			if has[DrainPuller](h) || !h.delivering("0.1", 1) {
+				h.fail("0.1 handed over while its consumer still holds rows")
+			}
+			h.step(Tick{})
+			s = take[ReadSnapshot](h)
+			h.step(SnapshotReply{Req: s.Req, Snap: shrunk})
+			p = take[Probe](h)
+			h.step(ProbeReply{Req: p.Req})
+			if d := take[DrainPuller](h); d.Unit != unitOf("0.1") {
+				h.fail("drained %s, want 0.1", d.Unit)
 			}
 		},
 	},
