@@ -13,6 +13,7 @@ var (
 	disableFlag  = flag.String("disable", "", "fault kinds to turn off, comma-separated (with -seed; what the shrinker printed)")
 	skipFlag     = flag.String("skip", "", "fault ordinals to leave out, comma-separated (with -seed; what the shrinker printed)")
 	seedsFlag    = flag.Int64("seeds", 10000, "how many seeds TestSim runs")
+	memberFlag   = flag.String("member", "core", "with -seed: the member logic, core or standin")
 )
 
 // TestSim is the simulator's CI run: 10,000 seeds (-seeds) of the
@@ -22,6 +23,10 @@ func TestSim(t *testing.T) {
 	if *seedFlag >= 0 {
 		cfg := Config{Seed: *seedFlag, Mutation: *mutationFlag, Trace: true}
 		if err := ParseReplay(&cfg, *disableFlag, *skipFlag); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if cfg.NewMember, err = MemberByName(*memberFlag); err != nil {
 			t.Fatal(err)
 		}
 		r := Run(cfg)

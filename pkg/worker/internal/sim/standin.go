@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -14,6 +15,17 @@ import (
 // Default builds the member logic runs use when Config.NewMember is nil:
 // the worker's core.
 var Default = NewCore
+
+// MemberByName returns the member logic named "core" or "standin".
+func MemberByName(name string) (func(MemberEnv) Member, error) {
+	switch name {
+	case "core", "":
+		return NewCore, nil
+	case "standin":
+		return NewStandin, nil
+	}
+	return nil, fmt.Errorf("member %q: want core or standin", name)
+}
 
 // MemberMutations lists the mutations the default member offers (names it
 // accepts in MemberEnv.Mutation).

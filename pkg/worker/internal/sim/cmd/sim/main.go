@@ -22,11 +22,17 @@ func main() {
 		skip     = flag.String("skip", "", "with -seed: fault ordinals to leave out (as the shrinker prints)")
 		mutate   = flag.Bool("mutate", false, "print the mutation table: each mutation, the check that caught it, the seeds it took")
 		budget   = flag.Int64("budget", sim.MutationSeeds, "with -mutate: seeds per mutation at most")
+		member   = flag.String("member", "core", "the member logic: core (the worker's) or standin (the simulator's own)")
 	)
 	flag.Parse()
+	newMember, err := sim.MemberByName(*member)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	switch {
 	case *seed >= 0:
-		cfg := sim.Config{Seed: *seed, Mutation: *mutation, Trace: true}
+		cfg := sim.Config{Seed: *seed, Mutation: *mutation, Trace: true, NewMember: newMember}
 		if err := sim.ParseReplay(&cfg, *disable, *skip); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
@@ -55,10 +61,10 @@ func main() {
 			}
 		}
 	default:
-		s := sim.Sweep{From: *from, Count: *seeds, Config: sim.Config{Mutation: *mutation}}.Run()
+		s := sim.Sweep{From: *from, Count: *seeds, Config: sim.Config{Mutation: *mutation, NewMember: newMember}}.Run()
 		fmt.Print(s.String())
 		if s.Failures > 0 {
-			orig := sim.Config{Seed: s.FirstFailing, Mutation: *mutation}
+			orig := sim.Config{Seed: s.FirstFailing, Mutation: *mutation, NewMember: newMember}
 			shrunk, r := sim.Shrink(orig, 200)
 			fmt.Print(sim.Report(orig, s.Failed[0].First(), shrunk, r, 60))
 			os.Exit(1)
