@@ -9,7 +9,7 @@ import "testing"
 func TestMutationsAreCaught(t *testing.T) {
 	names := append([]string(nil), WorldMutations...)
 	names = append(names, MemberMutations()...)
-	rows := RunMutations(names, nil, MutationSeeds)
+	rows := RunMutations(names, nil, MutationSeeds, nil)
 	t.Logf("\n%s", MutationTable(rows))
 	for _, r := range rows {
 		if r.Seeds == 0 {

@@ -59,7 +59,7 @@ type MutationRow struct {
 
 // RunMutations applies each mutation in turn and searches seeds 0.. until
 // one fails, at most budget seeds each.
-func RunMutations(names []string, newMember func(MemberEnv) Member, budget int64) []MutationRow {
+func RunMutations(names []string, newMember func(MemberEnv) Member, budget int64, progress func(MutationRow)) []MutationRow {
 	var rows []MutationRow
 	for _, m := range names {
 		s := Sweep{From: 0, Count: budget, Config: Config{Mutation: m, NewMember: newMember}, StopAtFirst: true, KeepFailures: 1}.Run()
@@ -68,6 +68,9 @@ func RunMutations(names []string, newMember func(MemberEnv) Member, budget int64
 			row.Seeds, row.First, row.CaughtBy = s.FirstFailing+1, s.Failed[0].First(), CaughtBy(s.Failed[0].First())
 		}
 		rows = append(rows, row)
+		if progress != nil {
+			progress(row)
+		}
 	}
 	return rows
 }

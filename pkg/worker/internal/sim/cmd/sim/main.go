@@ -50,8 +50,13 @@ func main() {
 		}
 	case *mutate:
 		start := time.Now()
-		names := append(append([]string(nil), sim.WorldMutations...), sim.MemberMutations()...)
-		rows := sim.RunMutations(names, nil, *budget)
+		names := append([]string(nil), sim.WorldMutations...)
+		if *member == "core" {
+			names = append(names, sim.MemberMutations()...)
+		}
+		rows := sim.RunMutations(names, newMember, *budget, func(r sim.MutationRow) {
+			fmt.Fprintf(os.Stderr, "%s: %s after %d seeds\n", r.Mutation, r.CaughtBy, r.Seeds)
+		})
 		fmt.Print(sim.MutationTable(rows))
 		fmt.Printf("(%d mutations in %s; seeds = the first failing seed + 1, searching from seed 0)\n", len(rows), time.Since(start).Round(time.Second))
 		for _, r := range rows {
