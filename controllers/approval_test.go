@@ -259,11 +259,14 @@ func TestAnApprovalGivenBeforeARevertDoesNotApproveTheNextChange(t *testing.T) {
 		}
 		return nil
 	})
-	// The same change again, with the first approval still set.
+	// The same change again, with the first approval still set. That
+	// approval already started a change (status.approvedPlanHash), so it
+	// is neither applied nor refused: the change waits for its own.
 	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
 	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
-		if c := meta.FindStatusCondition(o.Status.Conditions, topologyv1.ConditionReady); c == nil || c.Reason != topologyv1.ReasonApprovalRefused {
-			return fmt.Errorf("Ready %+v, want reason ApprovalRefused", c)
+		c := meta.FindStatusCondition(o.Status.Conditions, topologyv1.ConditionReady)
+		if c == nil || c.Reason != topologyv1.ReasonAwaitingApproval || o.Status.ObservedGeneration != o.Generation {
+			return fmt.Errorf("Ready %+v, want reason AwaitingApproval at this generation", c)
 		}
 		return nil
 	})

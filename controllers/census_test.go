@@ -132,11 +132,11 @@ func TestEveryNATSServerDownIsNotReady(t *testing.T) {
 	st = f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
 		c := findCondition(o, topologyv1.ConditionVersionFloorMet)
 		if c == nil || c.Reason != topologyv1.ReasonCensusFailed {
-			return errors.New("want VersionFloorMet=Unknown/CensusFailed")
+			return errors.New("want VersionFloorMet=False/CensusFailed")
 		}
 		return nil
 	})
-	v := wantConditionOf(t, st, topologyv1.ConditionVersionFloorMet, metav1.ConditionUnknown, topologyv1.ReasonCensusFailed)
+	v := wantConditionOf(t, st, topologyv1.ConditionVersionFloorMet, metav1.ConditionFalse, topologyv1.ReasonCensusFailed)
 	if !strings.Contains(v.Message, "NATS servers unreachable") || strings.Contains(v.Message, "must name a system-account user") {
 		t.Fatalf("census message %q: want the servers named unreachable, not the credentials blamed", v.Message)
 	}

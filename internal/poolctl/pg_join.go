@@ -39,7 +39,9 @@ const (
 
 // joinCheckSQL applies the decision's first half only where its view
 // holds: the next incarnation is the one read; the joining member's row is
-// absent as read, or exactly as read; the member whose slot is taken still
+// absent as read ($17 false), or exactly as read (a drain request for a
+// name that never joined leaves a row of incarnation 0, so absence is its
+// own argument); the member whose slot is taken still
 // holds it with the lease it was judged by. It then takes the incarnation,
 // frees the taken slot and marks the transaction (shardkeeper.join_ok) for
 // joinWriteSQL, a statement of its own because the slot's unique index is
@@ -48,7 +50,7 @@ const joinCheckSQL = `
 	WITH t AS (SELECT next_incarnation FROM shardkeeper.topologies WHERE topology = $1),
 	ok AS (
 		SELECT 1 FROM t WHERE t.next_incarnation = $2
-		   AND CASE WHEN $4::bigint = 0
+		   AND CASE WHEN NOT $17::boolean
 		            THEN NOT EXISTS (SELECT 1 FROM shardkeeper.members WHERE topology = $1 AND member = $3)
 		            ELSE EXISTS (SELECT 1 FROM shardkeeper.members m WHERE m.topology = $1 AND m.member = $3
 		                            AND m.incarnation = $4 AND m.lease_expires_at = $5 AND (m.left_at IS NOT NULL) = $6
@@ -176,7 +178,7 @@ func writeJoin(ctx context.Context, conn *pgxpool.Conn, ref MemberRef, v joinVie
 	b.Queue(joinCheckSQL, ref.Topology, v.NextInc, ref.Member,
 		self.Incarnation, self.LeaseExpiresAt, self.Left, self.Fenced, nullTime(self.FenceLiftedAt), self.Draining,
 		nullTime(self.PrevLeaseExpiresAt), self.Slot,
-		taken.Name, taken.Slot, taken.Incarnation, taken.LeaseExpiresAt, taken.Left)
+		taken.Name, taken.Slot, taken.Incarnation, taken.LeaseExpiresAt, taken.Left, d.Prev != nil)
 	b.Queue(joinWriteSQL, ref.Topology, ref.Member, d.Row.Slot, v.NextInc, v.Params.LeaseTTL, d.LiftsFence,
 		nullTime(d.Row.FenceLiftedAt), nullTime(d.Row.PrevLeaseExpiresAt), d.Row.Process)
 	b.Queue("COMMIT")
