@@ -2,6 +2,8 @@
 #   make demo   runs the operator's main job on embedded defaults
 #   make test   runs every test (what CI runs), the chaos suite's CI subset included
 #   make chaos  runs every chaos scenario
+#   make sim    runs the member simulator over 100,000 seeds
+#   make mutate shows the simulator catching each protocol mutation
 
 SHELL := /usr/bin/env bash -o pipefail
 
@@ -49,6 +51,14 @@ test: deps vet ## Run every test, building and starting what they need.
 .PHONY: chaos
 chaos: deps ## Run every chaos scenario (test/chaos) and print their summary table; make test runs only the CI subset.
 	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" SHARDKEEPER_CHAOS=all go test -count=1 -timeout 120m -v -run TestChaos ./test/chaos/
+
+.PHONY: sim
+sim: ## Run the member simulator over 100,000 seeds (SEEDS=n) and print seeds run, faults by kind and violations; a failing seed is shrunk and replayable.
+	go run ./pkg/worker/internal/sim/cmd/sim -seeds $${SEEDS:-100000}
+
+.PHONY: mutate
+mutate: ## Apply each protocol mutation and print the table: mutation, the simulator check that caught it, seeds it took (at most 10,000 each).
+	go run ./pkg/worker/internal/sim/cmd/sim -mutate
 
 .PHONY: bench
 bench: deps ## Run the benchmarks of design.md section 10 (hack/bench) and print every row with its ratio; ROWS=a,c picks rows.

@@ -17,6 +17,8 @@ type Twin struct {
 	mu    sync.Mutex
 	clock func() time.Time
 	topos map[string]*twinTopology
+	// mutation is zero except in the simulator's mutation tests.
+	mutation twinMutation
 }
 
 type twinTopology struct {

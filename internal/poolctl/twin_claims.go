@@ -43,6 +43,7 @@ func (t *Twin) claimView(tp *twinTopology, member string) claimView {
 			v.Pending = true
 		}
 	}
+	t.mutation.bend(&v)
 	return v
 }
 

@@ -1,14 +1,10 @@
 package worker
 
 import (
-	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/shardkeeper/shardkeeper/internal/ownership"
 )
 
 // A handover's UNPINs and the first UNPIN or RESET of new holders' pullers
@@ -26,12 +22,11 @@ func TestHandoverAndTakeoverRequestsShareOneBound(t *testing.T) {
 		inFlight.Add(-1)
 		done.Add(1)
 	}
-	units := make([]ownership.Unit, each)
-	for i := range units {
-		units[i] = ownership.Unit{Partition: 0, Shard: i}
-	}
 	var wg sync.WaitGroup
-	wg.Go(func() { w.forEachBounded(units, func(ownership.Unit) { request() }) })
+	for range each {
+		// What a handover's UNPIN does.
+		wg.Go(func() { w.bounded(request) })
+	}
 	for range each {
 		// What puller.prepare does around its UNPIN and RESET.
 		wg.Go(func() {
@@ -52,28 +47,6 @@ func TestHandoverAndTakeoverRequestsShareOneBound(t *testing.T) {
 	wg.Wait()
 	if peak.Load() != bound || done.Load() != 2*each {
 		t.Fatalf("peak %d requests in flight (bound %d), %d of %d done", peak.Load(), bound, done.Load(), 2*each)
-	}
-}
-
-func TestInBatchesSplitsOnlyWhenAsked(t *testing.T) {
-	xs := []int{1, 2, 3, 4, 5}
-	tests := []struct {
-		size int
-		want [][]int
-	}{
-		{0, [][]int{{1, 2, 3, 4, 5}}},
-		{1, [][]int{{1}, {2}, {3}, {4}, {5}}},
-		{2, [][]int{{1, 2}, {3, 4}, {5}}},
-		{5, [][]int{{1, 2, 3, 4, 5}}},
-		{9, [][]int{{1, 2, 3, 4, 5}}},
-	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprintf("size %d", tt.size), func(t *testing.T) {
-			got := inBatches(xs, tt.size)
-			if !slices.EqualFunc(got, tt.want, slices.Equal[[]int]) {
-				t.Fatalf("inBatches(%v, %d) = %v, want %v", xs, tt.size, got, tt.want)
-			}
-		})
 	}
 }
 

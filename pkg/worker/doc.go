@@ -18,7 +18,13 @@
 // The registry (internal/poolctl) enforces the same rules on its side, so a
 // Worker that is wrong about its own state is refused rather than believed.
 //
-// The package owns the worker's loop, its NATS pulling and its metrics. It
-// does not own placement (internal/ownership), the registry's rules
+// All membership state (lease, fence, claims, handovers, pullers' life)
+// lives in one state machine, internal/member, stepped by one goroutine;
+// this package is its driver: it performs the registry calls and NATS
+// requests the core asks for and feeds their replies back, tagged with the
+// request they answer.
+//
+// The package owns the worker's driver, its NATS pulling and its metrics.
+// It does not own placement (internal/ownership), the registry's rules
 // (internal/poolctl) or what a row means (the Handler).
 package worker

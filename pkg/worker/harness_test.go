@@ -38,15 +38,20 @@ type faultyRegistry struct {
 	// loseClaimReply makes the next ClaimMany that adopts a unit commit
 	// and lose its reply.
 	loseClaimReply bool
-	// claimGate, when set, holds the next ClaimMany until it is closed.
-	claimGate chan struct{}
+	// afterLostClaim, when set, makes the next ClaimMany that grants a
+	// unit commit, run it (a change that lands before the reply would
+	// have), and lose its reply; lostClaims counts such replies.
+	afterLostClaim func()
+	lostClaims     int
+	// ackGate, when set, makes the next AckFreeze commit and hold its
+	// (successful) reply until the gate closes, whatever the caller's
+	// deadline: a reply that arrives late. heldAcks counts such replies.
+	ackGate  chan struct{}
+	heldAcks int
 	// late counts late requests still in flight.
 	late sync.WaitGroup
 	// heldRenewals are when each Renew the gate held was made.
 	heldRenewals []time.Time
-	// fenceGate, when set, holds every Fence until it is closed (or the
-	// call's context ends): the registry does not hear of a local fence.
-	fenceGate chan struct{}
 }
 
 func (r *faultyRegistry) Renew(ctx context.Context, m poolctl.MemberRef) (poolctl.Lease, error) {
@@ -70,15 +75,7 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 	r.mu.Lock()
 	late := r.lateFence
 	r.lateFence = 0
-	gate := r.fenceGate
 	r.mu.Unlock()
-	if gate != nil {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return fmt.Errorf("fence held by the test: %w", ctx.Err())
-		}
-	}
 	if late == 0 {
 		return r.Registry.Fence(ctx, m, gen)
 	}
@@ -92,15 +89,20 @@ func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int
 }
 
 func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, under int64, units []string) ([]poolctl.ClaimOutcome, error) {
-	r.mu.Lock()
-	gate := r.claimGate
-	r.claimGate = nil
-	r.mu.Unlock()
-	if gate != nil {
-		<-gate
-		ctx = context.Background() // the request was sent; it completes
-	}
 	outs, err := r.Registry.ClaimMany(ctx, m, under, units)
+	if err == nil && grants(outs) {
+		r.mu.Lock()
+		after := r.afterLostClaim
+		r.afterLostClaim = nil
+		if after != nil {
+			r.lostClaims++
+		}
+		r.mu.Unlock()
+		if after != nil {
+			after()
+			return nil, errors.New("claim reply lost (test)")
+		}
+	}
 	if err == nil && adopts(outs) {
 		r.mu.Lock()
 		lose := r.loseClaimReply
@@ -111,6 +113,30 @@ func (r *faultyRegistry) ClaimMany(ctx context.Context, m poolctl.MemberRef, und
 		}
 	}
 	return outs, err
+}
+
+func (r *faultyRegistry) AckFreeze(ctx context.Context, m poolctl.MemberRef, epoch int64) error {
+	err := r.Registry.AckFreeze(ctx, m, epoch)
+	r.mu.Lock()
+	gate := r.ackGate
+	if err == nil && gate != nil {
+		r.ackGate = nil
+		r.heldAcks++
+	}
+	r.mu.Unlock()
+	if err == nil && gate != nil {
+		<-gate
+	}
+	return err
+}
+
+func grants(outs []poolctl.ClaimOutcome) bool {
+	for _, o := range outs {
+		if o.Err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func adopts(outs []poolctl.ClaimOutcome) bool {
@@ -127,21 +153,6 @@ func (r *faultyRegistry) holdRenewals() chan struct{} {
 	defer r.mu.Unlock()
 	r.renewGate = make(chan struct{})
 	return r.renewGate
-}
-
-func (r *faultyRegistry) holdFences() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.fenceGate = make(chan struct{})
-}
-
-func (r *faultyRegistry) releaseFences() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.fenceGate != nil {
-		close(r.fenceGate)
-		r.fenceGate = nil
-	}
 }
 
 func (r *faultyRegistry) releaseRenewals() {

@@ -35,9 +35,9 @@ type Options struct {
 
 	// TickInterval is how often the worker re-reads the registry, places
 	// and claims (default 500ms). A released unit waits at most this long
-	// for its next owner. Renewals run on their own goroutine and
-	// schedule, so a long tick (slow drains, many claims) never delays
-	// them.
+	// for its next owner. Renewals keep their own schedule: registry
+	// calls run beside the member's state machine, so a long tick (slow
+	// drains, many claims) never delays them.
 	TickInterval time.Duration
 	// FetchBatch is how many rows one pull asks for (default 64).
 	FetchBatch int

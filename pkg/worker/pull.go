@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,32 +12,38 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
+	"github.com/shardkeeper/shardkeeper/pkg/worker/internal/member"
 )
 
 // puller pulls one held unit's consumer in the pinned priority group and
-// hands its rows to the Handler, under one token. A new token (after a
-// re-home) means a new puller.
+// hands its rows to the Handler, under one token. The core starts it
+// (member.StartPuller) and decides when it drains or stops; the puller
+// checks the core's published permission before every delivery and
+// settlement, and reports back when it prepared, fetched and stopped.
 type puller struct {
 	w     *Worker
+	id    member.PullerID
 	unit  ownership.Unit
 	token poolctl.Token
 	ref   natsops.ConsumerRef
 	// incarnation and under identify the claim in the history.
 	incarnation, under int64
-	// takeover: lift the previous process's pin and unacked rows first.
+	// unpinFirst: lift the consumer's pin before the first pull.
+	unpinFirst bool
+	// takeover: lift the previous process's unacked rows too.
 	takeover bool
 	from     string
+	// reset is the census verdict, read at resetReadAt (monotonic).
+	reset       poolctl.ResetPermission
+	resetReadAt time.Duration
 
 	ctx       context.Context // cancelled: stop at once, settle nothing more
 	kill      context.CancelFunc
 	stopFetch chan struct{} // closed: finish the current batch, fetch no more
-	abandon   atomic.Bool   // set: nak what is left of the batch unhandled
+	stopOnce  sync.Once
+	abandon   atomic.Bool // set: nak what is left of the batch unhandled
 	done      chan struct{}
 
-	// lastFetch and lastRows are when a pull last completed and last
-	// brought rows (nanoseconds since the process started, 0 = never),
-	// for the activity report.
-	lastFetch, lastRows atomic.Int64
 	// withheld counts rows neither delivered nor settled because the
 	// claim was lost or the member fenced itself.
 	withheld atomic.Int64
@@ -45,54 +52,25 @@ type puller struct {
 	pending atomic.Int64
 }
 
-// processStart anchors the pullers' activity clock.
-var processStart = time.Now()
-
-func sinceStart() int64 { return int64(time.Since(processStart)) }
-
-// since is the age of a puller timestamp at now, or -1 for never.
-func (p *puller) since(ts *atomic.Int64, now time.Time) time.Duration {
-	v := ts.Load()
-	if v == 0 {
-		return -1
-	}
-	return now.Sub(processStart) - time.Duration(v)
-}
-
-// startDelivery starts u's puller if u is held, not being released, has
-// no puller, and the member is not fenced.
-func (w *Worker) startDelivery(u ownership.Unit) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	h := w.held[u]
-	if h == nil || h.puller != nil || h.releasing || w.fencedLocked() || w.lease == nil {
-		return
-	}
+// startPuller starts the puller the core asked for.
+func (w *Worker) startPuller(a member.StartPuller) {
 	ctx, cancel := context.WithCancel(w.runCtx)
 	p := &puller{
-		w: w, unit: u, token: h.token, ref: w.consumerRefLocked(u),
-		incarnation: w.lease.Incarnation, under: h.under, takeover: h.takeover, from: h.from,
+		w: w, id: a.Puller, unit: a.Unit, token: a.Token, ref: w.consumerRef(a.Unit),
+		incarnation: a.Incarnation, under: a.Under, unpinFirst: a.Unpin, takeover: a.Takeover, from: a.From,
+		reset: a.Reset, resetReadAt: a.ResetReadAt,
 		ctx: ctx, kill: cancel, stopFetch: make(chan struct{}), done: make(chan struct{}),
 	}
-	h.puller = p
+	w.pullers[a.Puller] = p
 	go p.run()
 }
 
-// detachPullers takes every running puller out of the held set; the caller
-// stops them after releasing w.mu (pullers take it to check their claim).
-func (w *Worker) detachPullers() []*puller {
-	var out []*puller
-	for _, h := range w.held {
-		if h.puller != nil {
-			out = append(out, h.puller)
-			h.puller = nil
-		}
-	}
-	return out
-}
-
 func (p *puller) run() {
-	defer close(p.done)
+	defer func() {
+		close(p.done)
+		p.w.post(member.PullerStopped{Unit: p.unit, Puller: p.id, Withheld: p.withheld.Load() > 0,
+			DrainTimedOut: p.abandon.Load()})
+	}()
 	if !p.prepare() {
 		return
 	}
@@ -143,20 +121,24 @@ func (p *puller) prepare() bool {
 		return false
 	}
 	defer func() { <-w.takeoverSlots() }()
-	if !w.mayDeliver(p.unit, p.token) {
+	if !p.mayDeliver() {
 		return false
 	}
-	w.unpin(p.ctx, p.unit)
-	if !p.takeover {
-		return true
+	if p.unpinFirst {
+		w.unpin(p.ctx, p.unit)
 	}
-	if !w.mayDeliver(p.unit, p.token) {
-		return false // fenced meanwhile: no RESET (P5)
+	if p.takeover {
+		if !p.mayDeliver() {
+			return false // fenced meanwhile: no RESET (P5)
+		}
+		w.resetOnTakeover(p.ctx, p)
 	}
-	w.resetOnTakeover(p.ctx, p)
-	w.takeoverDone(p.unit, p.token)
+	w.post(member.PullerPrepared{Unit: p.unit, Puller: p.id})
 	return true
 }
+
+// mayDeliver is the P1 check for this puller's unit and token.
+func (p *puller) mayDeliver() bool { return p.w.mayDeliver(p.unit, p.token) }
 
 // fetchBatch pulls one batch and handles its rows in order.
 func (p *puller) fetchBatch(cons jetstream.Consumer) error {
@@ -168,19 +150,14 @@ func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 	}
 	rows := 0
 	for msg := range batch.Messages() {
-		if rows == 0 {
-			p.lastRows.Store(sinceStart())
-		}
 		rows++
 		p.handle(msg, start)
 	}
-	p.lastFetch.Store(sinceStart())
-	if rows > 0 {
-		p.lastRows.Store(sinceStart())
-	} else if batch.Error() == nil {
+	if rows == 0 && batch.Error() == nil {
 		p.pending.Store(0)
 	}
 	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
+	p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: rows})
 	return batch.Error()
 }
 
@@ -208,11 +185,14 @@ func (p *puller) handle(msg jetstream.Msg, fetched int64) {
 		p.settleUnhandled(msg, row)
 		return
 	}
-	at := p.now()
-	if p.ctx.Err() != nil || !p.w.mayDeliver(p.unit, p.token) {
-		p.withhold(row, at, "claim lost or fenced before delivery")
+	if p.ctx.Err() != nil || !p.mayDeliver() {
+		p.withhold(row, p.now(), "claim lost or fenced before delivery")
 		return
 	}
+	// Stamped after the check: Start is the instant delivery was allowed
+	// (pkg/history), so a pause between check and stamp cannot hide a
+	// delivery made after the claim moved.
+	at := p.now()
 	if p.recording() {
 		p.record(history.Record{Kind: history.KindDeliver, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
 			NumDelivered: row.NumDelivered, Start: at, Fetch: fetched})
@@ -227,11 +207,11 @@ func (p *puller) handle(msg jetstream.Msg, fetched int64) {
 // settleUnhandled naks a row the drain gave up on, if the claim is still
 // ours; otherwise it is withheld.
 func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
-	at := history.Now()
-	if !p.w.mayDeliver(p.unit, p.token) {
-		p.withhold(row, at, "claim lost or fenced before the drain nak")
+	if !p.mayDeliver() {
+		p.withhold(row, history.Now(), "claim lost or fenced before the drain nak")
 		return
 	}
+	at := history.Now()
 	err := msg.Nak()
 	p.record(history.Record{Kind: history.KindNak, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
 		NumDelivered: row.NumDelivered, Detail: errDetail(err, "drain timed out"), Start: at, End: history.Now()})
@@ -240,11 +220,11 @@ func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
 
 // settle applies the handler's verdict after checking the claim again.
 func (p *puller) settle(msg jetstream.Msg, row Row, verdict Settlement) {
-	at := p.now()
-	if !p.w.mayDeliver(p.unit, p.token) {
-		p.withhold(row, at, "claim lost or fenced before settling")
+	if !p.mayDeliver() {
+		p.withhold(row, p.now(), "claim lost or fenced before settling")
 		return
 	}
+	at := p.now() // after the check it stamps
 	err := settle(msg, verdict)
 	if p.recording() {
 		p.record(history.Record{Kind: settlementKind(verdict), RowID: p.rowID(row), StreamSeq: row.StreamSeq,
@@ -325,28 +305,24 @@ func errDetail(err error, otherwise string) string {
 	return otherwise
 }
 
-// drain stops fetching and waits up to timeout for the current batch to be
+// drain stops fetching and gives the current batch up to timeout to be
 // handled; what is left then is nak'd so the next owner gets it at once.
-// It reports whether the batch finished within the timeout.
-func (p *puller) drain(timeout time.Duration) bool {
-	close(p.stopFetch)
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(timeout):
-	}
-	// Abandon before cancelling: handle() checks abandon first, so the
-	// rest of the batch is nak'd rather than withheld.
-	p.abandon.Store(true)
-	p.kill() // cancel the handler's context too
-	<-p.done
-	return false
-}
-
-// stop stops at once: used when the member fences itself.
-func (p *puller) stop() {
-	p.kill()
-	<-p.done
+// It returns at once: the puller reports PullerStopped when it ended.
+func (p *puller) drain(timeout time.Duration) {
+	p.stopOnce.Do(func() { close(p.stopFetch) })
+	p.w.async(func() {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-p.done:
+		case <-p.w.loopDone: // Run ended; it stops every puller itself
+		case <-t.C:
+			// Abandon before cancelling: handle() checks abandon first,
+			// so the rest of the batch is nak'd rather than withheld.
+			p.abandon.Store(true)
+			p.kill() // cancel the handler's context too
+		}
+	})
 }
 
 // backoff is a capped exponential wait.

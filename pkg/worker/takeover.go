@@ -9,7 +9,6 @@ import (
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
-	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
 
@@ -23,14 +22,15 @@ func (w *Worker) takeoverSlots() chan struct{} { return w.slots }
 // the census the operator published, and that census is young enough now
 // (P4). Otherwise those rows come back after ack wait.
 func (w *Worker) resetOnTakeover(ctx context.Context, p *puller) {
-	w.mu.Lock()
-	perm, readAt := w.reset, w.resetAt
-	w.mu.Unlock()
+	perm := p.reset
 	if !perm.Published {
 		w.countTakeover("ackwait", "no_census")
 		w.log.Info("Takeover without RESET: no census published; unacked rows return after ack wait", "unit", p.unit.String(), "from", p.from)
 		return
 	}
+	// The verdict was read at resetReadAt on the monotonic clock; its
+	// age now is that much older than the census age it was read with.
+	readAt := time.Now().Add(-(sinceStart() - p.resetReadAt))
 	v := natsops.ResetVerdict{Allowed: perm.Allowed, Floor: perm.Floor, Servers: perm.Servers, Reason: perm.Reason,
 		TakenAt: readAt.Add(-perm.CensusAge)}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -54,16 +54,6 @@ func (w *Worker) resetOnTakeover(ctx context.Context, p *puller) {
 
 func (w *Worker) countTakeover(outcome, reason string) {
 	w.metrics.takeovers.WithLabelValues(outcome, reason).Inc()
-}
-
-// takeoverDone clears u's takeover once its puller lifted the pin and
-// RESET (or decided not to) under token t.
-func (w *Worker) takeoverDone(u ownership.Unit, t poolctl.Token) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if h := w.held[u]; h != nil && h.token == t {
-		h.takeover = false
-	}
 }
 
 // unpin lifts the unit's pinned client so the next pull is served at once.
@@ -95,15 +85,4 @@ func (w *Worker) stream(ctx context.Context, name string) (jetstream.Stream, err
 	}
 	w.streams.Store(name, s)
 	return s, nil
-}
-
-func (w *Worker) consumerRef(u ownership.Unit) natsops.ConsumerRef {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.consumerRefLocked(u)
-}
-
-// consumerRefLocked is consumerRef for callers holding w.mu.
-func (w *Worker) consumerRefLocked(u ownership.Unit) natsops.ConsumerRef {
-	return w.layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -13,16 +14,19 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/worker/internal/member"
 )
 
 // Worker is one member of a fleet. Create it with New and run it with Run.
 //
-// Two loops share its state under mu: the lease loop (lease.go) joins,
-// renews on the registry's schedule, records fences and confirms claims;
-// the tick loop (tick.go) reads the registry, places, hands over and
-// claims. Only the lease loop talks to the registry about the lease and
-// the fence, so those calls are ordered; a tick, however long, never
-// delays a renewal.
+// All of its membership state lives in one state machine (package
+// internal/member), owned by Run's goroutine: Run feeds it events (ticks,
+// timers, registry replies, puller reports) and performs the actions it
+// returns. Registry calls and NATS requests run on goroutines of their own
+// and post their outcome back, tagged with the request they answer, so a
+// slow call delays nothing else (a renewal never waits for a drain). The
+// only state other goroutines read is the delivery permission the core
+// publishes, an immutable value behind one atomic pointer.
 type Worker struct {
 	opts    Options
 	log     logr.Logger
@@ -30,75 +34,33 @@ type Worker struct {
 	js      jetstream.JetStream
 	metrics *metrics
 
-	// runCtx outlives Run's context by the shutdown handover: pullers keep
-	// delivering while their units are handed over.
-	runCtx    context.Context
-	cancelRun context.CancelFunc
-	// wakeLease asks the lease loop to act now (a fence to record).
-	wakeLease chan struct{}
+	// perm is the core's latest delivery permission: pullers check it
+	// before every delivery and settlement.
+	perm atomic.Pointer[member.Permission]
+	// layout names streams and consumers: the options' until the
+	// registry's settings arrive.
+	layout atomic.Pointer[natsops.Layout]
+	// queryBound bounds one registry call (the registry's QueryBound);
+	// drain is the registry's drain timeout (0 until it sets one).
+	queryBound, drain atomic.Int64
+
+	// inbox carries events from calls and pullers to Run's goroutine;
+	// loopDone closes when Run stops reading it.
+	inbox    chan member.Event
+	loopDone chan struct{}
+	// runCtx ends after the core is done: calls and pullers outlive Run's
+	// context by the shutdown handover.
+	runCtx context.Context
 	// slots bounds concurrent UNPIN and RESET requests.
 	slots chan struct{}
 	// streams caches partition stream handles by name, for UNPIN.
 	streams sync.Map
-
-	mu sync.Mutex
-	// layout names streams and consumers and drain bounds handovers: from
-	// the options until the registry's settings arrive with the lease.
-	layout  natsops.Layout
-	drain   time.Duration
-	lease   *poolctl.Lease
-	fenceAt time.Time // monotonic: stop delivering at this instant (P5)
-	// fenceDue is fenceAt as time since processStart: checking it takes
-	// one monotonic clock read, where time.Now reads the wall clock too,
-	// and delivery checks it twice per row.
-	fenceDue time.Duration
-	fenced   bool
-	// fenceGen counts this incarnation's local fences; the registry
-	// applies a Fence or Unfence only in generation order.
-	fenceGen int64
-	// fenceSent is the highest generation whose Fence reached the
-	// registry.
-	fenceSent int64
-	// fencedSince is when the current fence began (zero before the
-	// first lease), for the fenced-seconds metric.
-	fencedSince time.Time
-	watchdog    *time.Timer
-	held        map[ownership.Unit]*holding
-	// waiting counts units an earlier incarnation of this member holds
-	// that wait for the same-name grace before they come home.
-	waiting int
-	// ackedPending is the pending epoch this incarnation acknowledged.
-	ackedPending int64
-	params       poolctl.Params
-	// reset is the census verdict of the last snapshot, and when it was
-	// read on this process's clock, so its age can be judged at the
-	// moment of a RESET rather than at the start of a tick.
-	reset   poolctl.ResetPermission
-	resetAt time.Time
-	// renewedAt is when the last successful renewal's request was sent.
-	renewedAt time.Time
-	// placed is the tick goroutine's placement cache.
-	placed placedCache
-}
-
-// holding is a claim this member holds, and its puller when delivering.
-type holding struct {
-	token poolctl.Token
-	// under is the topology epoch the claim was decided under, for the
-	// history (0 when confirmed after a rejoin).
-	under  int64
-	puller *puller
-	// releasing is set once delivery stopped for a handover, before the
-	// release is sent: from then on the member no longer counts the unit
-	// as its own, even if the release must be retried.
-	releasing bool
-	// takeover says the next puller must first lift a dead process's pin
-	// and, when the census allows it, RESET the consumer: set for
-	// adoptions and re-homes, and for units whose rows this process
-	// withheld when it fenced itself.
-	takeover bool
-	// from is the process the unit is taken over from, for logs.
-	from string
+	// pullers are the running pullers, by id; only Run's goroutine
+	// touches the map.
+	pullers map[member.PullerID]*puller
+	// calls counts goroutines performing an action, so Run returns only
+	// after they ended.
+	calls sync.WaitGroup
 }
 
 // New checks the options and returns a Worker ready to Run.
@@ -115,94 +77,142 @@ func New(o Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{
-		opts:      opts,
-		log:       opts.Logger.WithValues("member", opts.Member, "topology", opts.Topology),
-		reg:       opts.Registry.reg,
-		drain:     opts.DrainTimeout,
-		js:        js,
-		layout:    natsops.Layout{SubjectPrefix: opts.SubjectPrefix, ConsumerName: opts.ConsumerName},
-		metrics:   m,
-		held:      map[ownership.Unit]*holding{},
-		fenced:    true, // until the first lease
-		wakeLease: make(chan struct{}, 1),
-		slots:     make(chan struct{}, opts.TakeoverConcurrency),
-	}, nil
+	w := &Worker{
+		opts:     opts,
+		log:      opts.Logger.WithValues("member", opts.Member, "topology", opts.Topology),
+		reg:      opts.Registry.reg,
+		js:       js,
+		metrics:  m,
+		inbox:    make(chan member.Event, 1024),
+		loopDone: make(chan struct{}),
+		slots:    make(chan struct{}, opts.TakeoverConcurrency),
+		pullers:  map[member.PullerID]*puller{},
+	}
+	w.layout.Store(&natsops.Layout{SubjectPrefix: opts.SubjectPrefix, ConsumerName: opts.ConsumerName})
+	w.queryBound.Store(int64(2 * time.Second))
+	return w, nil
 }
+
+// processStart anchors the worker's monotonic clock: the core's instants
+// and the permission's fence deadline are durations since it.
+var processStart = time.Now()
+
+// sinceStart is the monotonic clock the core and the permission use: one
+// clock read, where time.Now reads the wall clock too.
+func sinceStart() time.Duration { return time.Since(processStart) }
 
 // Run takes part in the fleet until ctx ends, then hands every unit over
-// within the drain timeout and leaves. It returns nil after a clean leave.
-// The lease keeps being renewed until the member has left, so a slow
-// handover on shutdown never turns into the crash path.
+// and leaves, bounded by twice the drain timeout plus ten seconds. It
+// returns nil after a clean leave. The lease keeps being renewed until the
+// member has left, so a slow handover on shutdown never turns into the
+// crash path. A process displaced by a later one under the same member
+// name (the registry reports a later incarnation) returns an error at
+// once: the name is the other's.
 func (w *Worker) Run(ctx context.Context) error {
-	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
-	defer w.cancelRun()
-	defer w.stopWatchdog()
+	runCtx, cancel := context.WithCancel(context.Background())
+	w.runCtx = runCtx
+	defer func() {
+		close(w.loopDone)
+		cancel()
+		w.stopAllPullers()
+		w.calls.Wait()
+	}()
+	core := member.New(member.Config{Topology: w.opts.Topology, Member: w.opts.Member, FenceMargin: w.opts.FenceMargin,
+		DrainTimeout: w.opts.DrainTimeout, ClaimBatch: w.opts.ClaimBatch})
+	l := &loop{w: w, core: core, timer: time.NewTimer(time.Hour), ticker: time.NewTicker(w.opts.TickInterval)}
+	defer l.ticker.Stop()
+	defer l.timer.Stop()
+	return l.run(ctx)
+}
 
-	leaseCtx, cancelLease := context.WithCancel(context.Background())
-	leaseDone := make(chan struct{})
-	go func() { defer close(leaseDone); w.leaseLoop(leaseCtx) }()
-	stopLease := func() { cancelLease(); <-leaseDone }
-	defer stopLease()
+// loop is Run's goroutine: the only one that steps the core.
+type loop struct {
+	w      *Worker
+	core   *member.Core
+	timer  *time.Timer
+	ticker *time.Ticker
+	// deadline bounds the shutdown once it began.
+	deadline <-chan time.Time
+	done     bool
+	err      error
+}
 
-	if err := w.waitForLease(ctx); err != nil {
-		return err
-	}
-	for {
-		if err := w.tick(ctx); err != nil && ctx.Err() == nil {
-			w.log.Info("Tick incomplete", "error", err.Error())
-		}
+func (l *loop) run(ctx context.Context) error {
+	l.step(member.Tick{})
+	ctxDone := ctx.Done()
+	for !l.done {
 		select {
-		case <-ctx.Done():
-			return w.shutdown(stopLease)
-		case <-time.After(w.opts.TickInterval):
+		case ev := <-l.w.inbox:
+			l.step(ev)
+		case <-l.ticker.C:
+			l.step(member.Tick{})
+		case <-l.timer.C:
+			l.step(member.Timer{})
+		case <-ctxDone:
+			ctxDone = nil
+			l.deadline = time.After(2*l.w.drainTimeout() + 10*time.Second)
+			l.w.log.Info("Shutting down: handing over")
+			l.step(member.Shutdown{})
+		case <-l.deadline:
+			return fmt.Errorf("shut down: handover and leave did not finish within %s", 2*l.w.drainTimeout()+10*time.Second)
+		}
+	}
+	if errors.Is(l.err, member.ErrNotJoined) {
+		return fmt.Errorf("join %s: %w", l.w.opts.Member, ctx.Err())
+	}
+	return l.err
+}
+
+// step stamps ev with the monotonic clock, steps the core and performs
+// its actions in order.
+func (l *loop) step(ev member.Event) {
+	switch e := ev.(type) {
+	case member.PullerStopped:
+		delete(l.w.pullers, e.Puller)
+	case member.Tick:
+		l.w.gaugePending()
+	}
+	for _, a := range l.core.Step(member.Stamp(ev, sinceStart())) {
+		switch a := a.(type) {
+		case member.SetTimer:
+			l.timer.Reset(max(0, a.At-sinceStart()))
+		case member.Done:
+			l.done, l.err = true, a.Err
+		default:
+			l.w.perform(a)
 		}
 	}
 }
 
-// waitForLease returns once the lease loop has joined, or ctx ended first.
-func (w *Worker) waitForLease(ctx context.Context) error {
-	for {
-		if _, ok := w.memberRef(); ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("join %s: %w", w.opts.Member, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+// post hands an event to Run's goroutine; after Run returned it is
+// dropped.
+func (w *Worker) post(ev member.Event) {
+	select {
+	case w.inbox <- ev:
+	case <-w.loopDone:
 	}
+}
+
+// drainTimeout is the drain bound the registry set, else the option's.
+func (w *Worker) drainTimeout() time.Duration {
+	if d := w.drain.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return w.opts.DrainTimeout
 }
 
 // mayDeliver is the P1 check made before a row is delivered and before it
 // is settled: the member holds the unit under this very token, is not
 // fenced, and its self-fence deadline has not passed on its own clock.
+// One atomic load, one map read, one monotonic clock read.
 func (w *Worker) mayDeliver(u ownership.Unit, t poolctl.Token) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	h := w.held[u]
-	return !w.fencedLocked() && h != nil && h.token == t && !h.releasing
+	return w.perm.Load().Allows(u, t, sinceStart())
 }
 
 // Ready reports whether the worker holds a lease and is not fenced.
 func (w *Worker) Ready() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.lease != nil && !w.fencedLocked()
-}
-
-// fencedLocked is the fence as delivery sees it: set, or due on this
-// process's clock even if the watchdog has not run yet (a process resumed
-// after SIGSTOP runs its goroutines in any order). Callers hold w.mu.
-func (w *Worker) fencedLocked() bool {
-	return w.fenced || time.Since(processStart) >= w.fenceDue
-}
-
-// isFenced is fencedLocked for callers without the lock.
-func (w *Worker) isFenced() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.fencedLocked()
+	p := w.perm.Load()
+	return p != nil && p.Lease && !p.FencedAt(sinceStart())
 }
 
 // Status is a point-in-time account of the worker, for health endpoints
@@ -217,44 +227,30 @@ type Status struct {
 	Held map[string]int64
 }
 
-// Status returns the worker's current state.
+// Status returns the worker's current state, as of its latest permission.
 func (w *Worker) Status() Status {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	s := Status{Member: w.opts.Member, Fenced: w.fencedLocked(), Slot: -1, Held: map[string]int64{}}
-	if w.lease != nil {
-		s.Incarnation, s.Slot = w.lease.Incarnation, w.lease.Slot
+	p := w.perm.Load()
+	s := Status{Member: w.opts.Member, Fenced: p.FencedAt(sinceStart()), Slot: -1, Held: map[string]int64{}}
+	if p == nil {
+		return s
 	}
-	for u, h := range w.held {
-		if !h.releasing {
-			s.Held[u.String()] = h.token.Epoch
-		}
+	s.Incarnation, s.Slot = p.Incarnation, p.Slot
+	for u, t := range p.Units {
+		s.Held[u.String()] = t.Epoch
 	}
 	return s
 }
 
 // queryCtx bounds one registry call by the registry's query bound.
-func (w *Worker) queryCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	w.mu.Lock()
-	bound := w.params.QueryBound
-	w.mu.Unlock()
-	if bound <= 0 {
-		bound = 2 * time.Second
-	}
-	return context.WithTimeout(ctx, bound)
+func (w *Worker) queryCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(w.runCtx, time.Duration(w.queryBound.Load()))
 }
 
-// memberRef is this incarnation's reference, or false before a join.
-func (w *Worker) memberRef() (poolctl.MemberRef, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.lease == nil {
-		return poolctl.MemberRef{}, false
+// gaugePending sets the lag gauge from what NATS last told each puller.
+func (w *Worker) gaugePending() {
+	var n int64
+	for _, p := range w.pullers {
+		n += p.pending.Load()
 	}
-	return w.lease.MemberRef, true
-}
-
-// isLeaseLost says the registry will not renew this incarnation again.
-func isLeaseLost(err error) bool {
-	return errors.Is(err, poolctl.ErrLeaseExpired) || errors.Is(err, poolctl.ErrStaleIncarnation) || errors.Is(err, poolctl.ErrNotMember)
+	w.metrics.pendingRows.Set(float64(n))
 }

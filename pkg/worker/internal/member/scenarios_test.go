@@ -1,0 +1,555 @@
+package member
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// scenario is one scripted interleaving. breaks lists the mutations that
+// must make it fail: the scenario is the evidence that the core keeps the
+// rule each mutation breaks.
+type scenario struct {
+	name   string
+	breaks []Mutation
+	script func(h *harness)
+}
+
+// confirmInFlight joins with a unit of an earlier incarnation waiting (so
+// every renewal confirms), takes 0.0 at epoch 1, and leaves a Confirm
+// open that expects it.
+func confirmInFlight(h *harness) Confirm {
+	h.step(Tick{})
+	j := take[Join](h)
+	h.step(JoinReply{Req: j.Req, Lease: lease(1)})
+	h.confirm(nil, "0.9")
+	h.tick(snapshot(1, 1, false, 0))
+	h.claimAll(1)
+	h.advance(3 * time.Second)
+	h.step(Timer{})
+	h.renewOK()
+	c := take[Confirm](h)
+	if c.Expected["0.0"] != 1 {
+		h.fail("setup: confirmation does not expect 0.0 at epoch 1: %v", c.Expected)
+	}
+	return c
+}
+
+// handOverAll makes the registry drain this member, so the tick hands 0.0
+// over, and runs the handover to its release.
+func handOverAll(h *harness) Release {
+	h.tick(snapshot(1, 1, true, 0))
+	take[DrainPuller](h)
+	h.stopped("0.0")
+	u := take[Unpin](h)
+	h.step(UnpinDone{Req: u.Req})
+	return take[Release](h)
+}
+
+// renewUntil keeps the lease renewed in steps of the renew interval up to
+// the instant until.
+func renewUntil(h *harness, until time.Duration) {
+	for h.now+3*time.Second <= until {
+		h.advance(3 * time.Second)
+		h.step(Timer{})
+		h.renewOK()
+	}
+}
+
+var scenarios = []scenario{
+	{
+		// Issue 20 defect 1: a confirmation read before a release must
+		// not bring the released unit back.
+		name:   "a late confirmation does not bring back a released unit",
+		breaks: []Mutation{ConfirmWithoutVersionCheck},
+		script: func(h *harness) {
+			c := confirmInFlight(h)
+			r := handOverAll(h)
+			h.step(ReleaseReply{Req: r.Req, Errs: []error{nil}})
+			h.step(ConfirmReply{Req: c.Req, Conf: poolctl.Confirmation{Held: map[string]poolctl.Token{"0.0": tok("0.0", 1)}}})
+			if h.delivering("0.0", 1) || has[StartPuller](h) {
+				h.fail("the released unit 0.0 is delivered again after a late confirmation")
+			}
+		},
+	},
+	{
+		// Defect 2: a confirmation arriving while a unit drains for its
+		// handover must not start a second puller.
+		name:   "a confirmation during a handover starts no puller",
+		breaks: []Mutation{ConfirmDuringHandoverStartsPuller},
+		script: func(h *harness) {
+			h.step(Tick{})
+			j := take[Join](h)
+			h.step(JoinReply{Req: j.Req, Lease: lease(1)})
+			h.confirm(nil, "0.9")
+			h.tick(snapshot(1, 1, false, 0))
+			h.claimAll(1)
+			h.tick(snapshot(1, 1, true, 0))
+			take[DrainPuller](h)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			h.renewOK()
+			c := take[Confirm](h)
+			h.step(ConfirmReply{Req: c.Req, Conf: poolctl.Confirmation{Held: map[string]poolctl.Token{"0.0": tok("0.0", 1)},
+				Waiting: []string{"0.9"}}})
+			h.stopped("0.0")
+			if has[StartPuller](h) {
+				h.fail("a puller started for 0.0, which is being handed over")
+			}
+			take[Unpin](h)
+		},
+	},
+	{
+		// Defect 4: an acknowledgement sent under incarnation 1 that
+		// returns after the rejoin does not count for incarnation 2.
+		name:   "a freeze acknowledgement counts only for its incarnation",
+		breaks: []Mutation{FreezeAckAcrossRejoin},
+		script: func(h *harness) {
+			h.holding(1)
+			h.tick(snapshot(1, 1, false, 2))
+			ack := take[AckFreeze](h)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			r := take[Renew](h)
+			h.step(RenewReply{Req: r.Req, Err: poolctl.ErrLeaseExpired})
+			h.stopped("0.0")
+			h.advance(time.Second)
+			h.step(Timer{})
+			h.join(2, map[string]int64{"0.0": 2})
+			h.step(AckFreezeReply{Req: ack.Req})
+			h.tick(snapshot(2, 1, false, 2))
+			if a := take[AckFreeze](h); a.Ref.Incarnation != 2 {
+				h.fail("acknowledged under incarnation %d, want 2", a.Ref.Incarnation)
+			}
+		},
+	},
+	{
+		// Defect 5: a claim whose reply was lost is confirmed; when
+		// placement moved meanwhile, the unit is handed over, not
+		// stranded.
+		name:   "a lost claim reply is confirmed and the unit handed over after placement moved",
+		breaks: []Mutation{LostClaimReplyGuessed},
+		script: func(h *harness) {
+			h.join(1, nil)
+			h.tick(snapshot(1, 1, false, 0))
+			cl := take[Claim](h)
+			h.step(ClaimReply{Req: cl.Req, Err: errLost})
+			c := take[Confirm](h)
+			h.tick(snapshot(1, 1, true, 0))
+			h.step(ConfirmReply{Req: c.Req, Conf: poolctl.Confirmation{Held: map[string]poolctl.Token{"0.0": tok("0.0", 1)}}})
+			r := handOverAll(h)
+			if len(r.Tokens) != 1 || r.Tokens[0] != tok("0.0", 1) {
+				h.fail("released %v, want 0.0 at epoch 1", r.Tokens)
+			}
+		},
+	},
+	{
+		// Defect 6: displaced by a later process under the same name,
+		// the member waits while that process is live, then joins.
+		name:   "a displaced process does not rejoin while the process that displaced it lives",
+		breaks: []Mutation{StaleIncarnationRejoinsAtOnce},
+		script: func(h *harness) {
+			h.holding(1)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			r := take[Renew](h)
+			acts := h.step(RenewReply{Req: r.Req, Err: poolctl.ErrStaleIncarnation})
+			// It gives up for good: the name is the later process's.
+			var gaveUp bool
+			for _, a := range acts {
+				if d, ok := a.(Done); ok && errors.Is(d.Err, poolctl.ErrStaleIncarnation) {
+					gaveUp = true
+				}
+			}
+			if !gaveUp {
+				h.fail("displaced, but it did not give up")
+			}
+			for range 20 {
+				h.advance(time.Second)
+				h.step(Timer{})
+				h.step(Tick{})
+				if has[Join](h) {
+					h.fail("joined again at %v after a later process under this name displaced it", h.now)
+				}
+			}
+		},
+	},
+	{
+		// Issue 19: a process that resumes after a pause longer than its
+		// lease stops delivering before its timer runs (lazy check), and
+		// fences before the registry could see the lease expire.
+		name:   "a member past its fence deadline delivers nothing, whatever event comes first",
+		breaks: []Mutation{NoLazyFenceCheck, NoSelfFence, SelfFenceAfterExpiry},
+		script: func(h *harness) {
+			h.holding(1)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			take[Renew](h) // never answered: the registry is gone
+			h.advance(5*time.Second + 500*time.Millisecond)
+			h.step(PullerFetched{Unit: unitOf("0.0"), Puller: 1, Rows: 1})
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+		},
+	},
+	{
+		// Issue 19: every new holder lifts the pin before its first pull.
+		name:   "every puller lifts the pin before its first pull",
+		breaks: []Mutation{UnpinSkippedBeforeFirstPull},
+		script: func(h *harness) { h.holding(2) },
+	},
+	{
+		// Issue 19: a confirmation answer that is no longer the one in
+		// flight (a duplicate of one whose reply was taken for lost) is
+		// not applied.
+		name:   "a confirmation reply no longer in flight is not applied",
+		breaks: []Mutation{StaleConfirmationApplied},
+		script: func(h *harness) {
+			c := confirmInFlight(h)
+			h.step(ConfirmReply{Req: c.Req, Err: errLost})
+			r := handOverAll(h)
+			h.step(ReleaseReply{Req: r.Req, Errs: []error{nil}})
+			h.advance(time.Second)
+			h.step(Timer{})
+			take[Confirm](h) // the retry, still open
+			h.step(ConfirmReply{Req: c.Req, Conf: poolctl.Confirmation{Held: map[string]poolctl.Token{"0.0": tok("0.0", 1)}}})
+			if h.delivering("0.0", 1) {
+				h.fail("a duplicate of a confirmation taken for lost brought 0.0 back")
+			}
+		},
+	},
+	{
+		// Suspected in issue 20: the self-fence racing a recovery must
+		// never run two handlers of one unit at once. The harness fails
+		// the script on a second puller while the first runs.
+		name: "a fence racing recovery never runs two pullers of one unit",
+		script: func(h *harness) {
+			h.holding(1)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			r := take[Renew](h)
+			h.advance(6 * time.Second)
+			h.step(Timer{})
+			take[StopPuller](h)
+			if !h.c.fenced {
+				h.fail("not fenced at %v", h.now)
+			}
+			h.step(RenewReply{Req: r.Req, Lease: lease(1)})
+			h.renewOK() // that renewal is old by now: another goes first
+			f := take[Fence](h)
+			h.step(FenceReply{Req: f.Req})
+			u := take[Unfence](h)
+			h.step(UnfenceReply{Req: u.Req})
+			mark := len(h.all)
+			h.confirm(map[string]int64{"0.0": 1})
+			if h.c.fenced || h.emittedSince(mark, "StartPuller") {
+				h.fail("fenced=%v, or a puller started before the stopped one reported", h.c.fenced)
+			}
+			h.stopped("0.0")
+			take[StartPuller](h)
+		},
+	},
+	{
+		// The premise of pkg/worker's former real-time test "a fence
+		// during claims delays takeovers until it lifts": adoptions
+		// granted while the member is fenced get no puller (no UNPIN,
+		// no RESET, no pull) until the fence lifts, and then take over.
+		name: "an adoption granted while fenced waits for the fence to lift",
+		script: func(h *harness) {
+			h.join(1, nil)
+			h.tick(snapshot(1, 1, false, 0))
+			cl := take[Claim](h)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			r := take[Renew](h)
+			h.advance(6 * time.Second)
+			h.step(Timer{})
+			mark := len(h.all)
+			h.step(ClaimReply{Req: cl.Req, Outcomes: []poolctl.ClaimOutcome{{Unit: "0.0",
+				Claim: poolctl.Claim{Token: tok("0.0", 5), Adopted: true, From: "w-x"}}}})
+			h.step(RenewReply{Req: r.Req, Lease: lease(1)})
+			h.renewOK()
+			f := take[Fence](h)
+			h.step(FenceReply{Req: f.Req})
+			u := take[Unfence](h)
+			h.step(UnfenceReply{Req: u.Req})
+			if h.emittedSince(mark, "StartPuller") || h.delivering("0.0", 5) {
+				h.fail("the adopted unit got a puller, or delivery, while the member was fenced")
+			}
+			h.confirm(map[string]int64{"0.0": 5})
+			if p := take[StartPuller](h); !p.Takeover || p.Token != tok("0.0", 5) {
+				h.fail("after the fence lifted: %+v, want a takeover at epoch 5", p)
+			}
+		},
+	},
+	{
+		// A unit re-homed onto a new incarnation while its release is in
+		// flight is released at its new token: the old one is refused,
+		// and a unit the member holds without knowing is stranded.
+		name: "a unit re-homed during its release is released at its new token",
+		script: func(h *harness) {
+			h.holding(1)
+			r := handOverAll(h)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			rn := take[Renew](h)
+			h.step(RenewReply{Req: rn.Req, Err: poolctl.ErrLeaseExpired})
+			h.advance(time.Second)
+			h.step(Timer{})
+			h.join(2, map[string]int64{"0.0": 2})
+			h.step(ReleaseReply{Req: r.Req, Errs: []error{&poolctl.StaleEpochError{Token: r.Tokens[0], Reason: poolctl.StaleMoved}}})
+			r2 := take[Release](h)
+			if r2.Tokens[0] != tok("0.0", 2) || has[Unpin](h) {
+				h.fail("second release %v, want 0.0 at epoch 2 without another UNPIN", r2.Tokens)
+			}
+		},
+	},
+	{
+		// A Leave refused because the member still holds a claim it did
+		// not know of confirms it, hands it over and leaves again.
+		name: "a leave refused for a claim the member did not know hands it over first",
+		script: func(h *harness) {
+			h.join(1, nil)
+			h.step(Shutdown{})
+			l := take[Leave](h)
+			h.step(LeaveReply{Req: l.Req, Err: &poolctl.HoldingError{Member: me, Units: 1}})
+			h.advance(time.Second)
+			h.step(Timer{})
+			h.confirm(map[string]int64{"0.0": 1})
+			u := take[Unpin](h)
+			h.step(UnpinDone{Req: u.Req})
+			r := take[Release](h)
+			h.step(ReleaseReply{Req: r.Req, Errs: []error{nil}})
+			l = take[Leave](h)
+			if !done(h.step(LeaveReply{Req: l.Req})) {
+				h.fail("not done after the second leave")
+			}
+		},
+	},
+	{
+		// A held unit that left the topology (a V decrease) is delivered
+		// until its consumer is drained, and only then handed over.
+		name: "a unit that left the topology is handed over only once its consumer is drained",
+		script: func(h *harness) {
+			h.holding(2)
+			shrunk := snapshot(1, 1, false, 0)
+			shrunk.Active.Number = 2
+			h.step(Tick{})
+			s := take[ReadSnapshot](h)
+			h.step(SnapshotReply{Req: s.Req, Snap: shrunk})
+			p := take[Probe](h)
+			h.step(ProbeReply{Req: p.Req, Busy: []ownership.Unit{unitOf("0.1")}})
+			if has[DrainPuller](h) || !h.delivering("0.1", 1) {
+				h.fail("0.1 handed over while its consumer still holds rows")
+			}
+			h.step(Tick{})
+			s = take[ReadSnapshot](h)
+			h.step(SnapshotReply{Req: s.Req, Snap: shrunk})
+			p = take[Probe](h)
+			h.step(ProbeReply{Req: p.Req})
+			if d := take[DrainPuller](h); d.Unit != unitOf("0.1") {
+				h.fail("drained %s, want 0.1", d.Unit)
+			}
+		},
+	},
+	{
+		// Suspected: a drain that outlasts the lease must not UNPIN the
+		// unit afterwards: it may have been adopted meanwhile.
+		name: "a drain that outlasts the lease sends no UNPIN",
+		script: func(h *harness) {
+			h.holding(1)
+			h.tick(snapshot(1, 1, true, 0))
+			take[DrainPuller](h)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			take[Renew](h)
+			h.advance(6 * time.Second)
+			h.step(Timer{})
+			h.stopped("0.0")
+			if has[Unpin](h) || has[Release](h) {
+				h.fail("handover went on while fenced")
+			}
+		},
+	},
+	{
+		// Suspected: a release whose reply was lost is retried with the
+		// same token and never UNPINs again (the unit may have a new
+		// holder by then).
+		name: "a retried release sends no second UNPIN",
+		script: func(h *harness) {
+			h.holding(1)
+			r := handOverAll(h)
+			h.step(ReleaseReply{Req: r.Req, Err: errLost})
+			h.tick(snapshot(1, 1, true, 0))
+			r2 := take[Release](h)
+			if has[Unpin](h) || r2.Tokens[0] != r.Tokens[0] {
+				h.fail("retry sent an UNPIN, or another token: %v", r2.Tokens)
+			}
+			h.step(ReleaseReply{Req: r2.Req, Errs: []error{&poolctl.StaleEpochError{Token: r.Tokens[0], Reason: poolctl.StaleFree}}})
+			if len(h.c.units) != 0 {
+				h.fail("still holds %v after the release was found done", h.c.Held())
+			}
+		},
+	},
+	{
+		// Suspected: a handler that ignores its context cannot hold a
+		// handover forever: after the drain timeout and the stop bound
+		// the handover goes on with delivery revoked.
+		name: "a drain whose handler ignores its context is bounded",
+		script: func(h *harness) {
+			h.holding(1)
+			h.tick(snapshot(1, 1, true, 0))
+			d := take[DrainPuller](h)
+			renewUntil(h, h.now+d.Timeout+h.c.cfg.StopBound+3*time.Second)
+			h.step(Timer{})
+			take[Unpin](h)
+			if h.delivering("0.0", 1) {
+				h.fail("delivery of 0.0 still permitted after its handover moved on")
+			}
+		},
+	},
+	{
+		// Suspected: cancelling Run mid-claim must not turn a graceful
+		// stop into the crash path: the lost claim is confirmed and
+		// handed over before Leave.
+		name:   "a shutdown during a claim whose reply was lost still leaves cleanly",
+		breaks: []Mutation{LostClaimReplyGuessed},
+		script: func(h *harness) {
+			h.join(1, nil)
+			h.tick(snapshot(1, 1, false, 0))
+			cl := take[Claim](h)
+			h.step(Shutdown{})
+			h.step(ClaimReply{Req: cl.Req, Err: errLost})
+			h.confirm(map[string]int64{"0.0": 1})
+			if has[StartPuller](h) {
+				h.fail("a puller started while leaving")
+			}
+			u := take[Unpin](h)
+			h.step(UnpinDone{Req: u.Req})
+			r := take[Release](h)
+			if has[Leave](h) {
+				h.fail("left before the release returned")
+			}
+			h.step(ReleaseReply{Req: r.Req, Errs: []error{nil}})
+			l := take[Leave](h)
+			if acts := h.step(LeaveReply{Req: l.Req}); !done(acts) {
+				h.fail("not done after leaving")
+			}
+		},
+	},
+}
+
+func done(acts []Action) bool {
+	for _, a := range acts {
+		if d, ok := a.(Done); ok && d.Err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func TestScriptedInterleavingsKeepTheRules(t *testing.T) {
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			h := newHarness(t)
+			if err := h.run(sc.script); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Each mutation re-introduces a defect; the scenarios that name it must
+// then fail, or the rule is one nothing tests.
+func TestEveryMutationIsCaughtByAScript(t *testing.T) {
+	caught := map[Mutation]int{}
+	for _, sc := range scenarios {
+		for _, m := range sc.breaks {
+			t.Run(string(m)+"/"+sc.name, func(t *testing.T) {
+				h := newHarness(t, m)
+				err := h.run(sc.script)
+				if err == nil {
+					t.Fatalf("mutation %s survived", m)
+				}
+				caught[m]++
+				t.Logf("caught: %v", firstLine(err))
+			})
+		}
+	}
+	for _, m := range Mutations() {
+		if caught[m] == 0 {
+			t.Errorf("mutation %s is caught by no scenario", m)
+		}
+	}
+}
+
+func TestMutateRefusesUnknownNames(t *testing.T) {
+	if _, err := Mutate(Config{}, "no-such-mutation"); err == nil {
+		t.Fatal("an unknown mutation was accepted")
+	}
+}
+
+func firstLine(err error) string {
+	s := err.Error()
+	for i, r := range s {
+		if r == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}
+
+func TestInBatchesSplitsOnlyWhenAsked(t *testing.T) {
+	xs := []int{1, 2, 3, 4, 5}
+	tests := []struct {
+		size int
+		want [][]int
+	}{
+		{0, [][]int{{1, 2, 3, 4, 5}}},
+		{1, [][]int{{1}, {2}, {3}, {4}, {5}}},
+		{2, [][]int{{1, 2}, {3, 4}, {5}}},
+		{5, [][]int{{1, 2, 3, 4, 5}}},
+		{9, [][]int{{1, 2, 3, 4, 5}}},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("size %d", tt.size), func(t *testing.T) {
+			got := inBatches(xs, tt.size)
+			if !slices.EqualFunc(got, tt.want, slices.Equal[[]int]) {
+				t.Fatalf("inBatches(%v, %d) = %v, want %v", xs, tt.size, got, tt.want)
+			}
+		})
+	}
+}
+
+// The simulator replays a failing seed exactly only if a Core's actions
+// depend on its events alone, never on map iteration order.
+func TestTheSameEventsGiveTheSameActions(t *testing.T) {
+	script := func(h *harness) {
+		h.holding(8)
+		h.step(Shutdown{})
+		for i := range 8 {
+			h.stopped(fmt.Sprintf("0.%d", i))
+		}
+		h.advance(9 * time.Second) // renewals unanswered: fenced
+		h.step(Timer{})
+	}
+	var traces [2]string
+	for i := range traces {
+		h := newHarness(t)
+		if err := h.run(script); err != nil {
+			t.Fatal(err)
+		}
+		traces[i] = strings.Join(h.all, "\n")
+	}
+	if traces[0] != traces[1] {
+		t.Fatalf("two runs of the same events differ:\n%s\n\n%s", traces[0], traces[1])
+	}
+	if n := strings.Count(traces[0], "Unpin"); n != 8 {
+		t.Fatalf("%d UNPINs, want 8:\n%s", n, traces[0])
+	}
+}

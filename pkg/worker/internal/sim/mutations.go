@@ -1,0 +1,89 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl/twinhook"
+)
+
+// The simulator's own mutations: rules of the registry and the sink
+// broken on purpose. The member's mutations belong to the member (its
+// core) and reach it through MemberEnv.Mutation.
+const (
+	MutAdoptLive   = "adopt-while-lease-live"
+	MutNoGrace     = "no-grace"
+	MutNoSinkGuard = "no-sink-write-guard"
+)
+
+// WorldMutations lists the simulator's own mutations.
+var WorldMutations = []string{MutAdoptLive, MutNoGrace, MutNoSinkGuard}
+
+// mutations is what a run breaks on the simulator's side.
+type mutations struct {
+	registry    string
+	noSinkGuard bool
+}
+
+func parseMutation(name string) mutations {
+	switch name {
+	case MutAdoptLive, MutNoGrace:
+		return mutations{registry: name}
+	case MutNoSinkGuard:
+		return mutations{noSinkGuard: true}
+	}
+	return mutations{}
+}
+
+func (m mutations) applyRegistry(t *poolctl.Twin) error {
+	if m.registry == "" {
+		return nil
+	}
+	return twinhook.Mutate(t, m.registry)
+}
+
+// MutationSeeds is the search budget per mutation (issue 19/20: every
+// mutation caught within 10,000 seeds).
+const MutationSeeds = 10000
+
+// MutationRow is one line of the mutation table.
+type MutationRow struct {
+	Mutation, CaughtBy string
+	// Seeds is how many seeds the search ran until the first failing one
+	// (the failing seed + 1, counting from seed 0); 0 when not caught.
+	Seeds int64
+	First string
+}
+
+// RunMutations applies each mutation in turn and searches seeds 0.. until
+// one fails, at most budget seeds each.
+func RunMutations(names []string, newMember func(MemberEnv) Member, budget int64) []MutationRow {
+	var rows []MutationRow
+	for _, m := range names {
+		s := Sweep{From: 0, Count: budget, Config: Config{Mutation: m, NewMember: newMember}, StopAtFirst: true, KeepFailures: 1}.Run()
+		row := MutationRow{Mutation: m, CaughtBy: "not caught"}
+		if s.FirstFailing >= 0 {
+			row.Seeds, row.First, row.CaughtBy = s.FirstFailing+1, s.Failed[0].First(), CaughtBy(s.Failed[0].First())
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// MutationTable renders rows as the README shows them.
+func MutationTable(rows []MutationRow) string {
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "mutation\tcaught by\tseeds")
+	for _, r := range rows {
+		seeds := fmt.Sprint(r.Seeds)
+		if r.Seeds == 0 {
+			seeds = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", r.Mutation, r.CaughtBy, seeds)
+	}
+	_ = w.Flush()
+	return b.String()
+}

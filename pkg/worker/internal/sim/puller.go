@@ -1,0 +1,268 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
+)
+
+// puller is one process's pulling of one unit, as the SDK's puller does
+// it: lift the pin (and RESET on a takeover) when asked, then fetch, and
+// for each row check the member's permission, record, run the handler (a
+// guarded sink write), check again, record and ack. It records exactly
+// what the real one records, on the virtual clock.
+type puller struct {
+	w        *world
+	p        *process
+	id       uint64
+	unit     string
+	tok      poolctl.Token
+	te, inc  int64
+	mode     stopMode
+	done     bool
+	fetching bool
+	handling bool
+	withheld bool
+	queue    []delivered
+	// fetchStart is when the pull that brought the queued rows was sent.
+	fetchStart int64
+	drainBy    int64
+	timedOut   bool
+}
+
+type stopMode int
+
+const (
+	running stopMode = iota
+	draining
+	stopping
+)
+
+func (w *world) startPuller(p *process, a Action) {
+	if old := p.pullers[a.Unit]; old != nil && !old.done {
+		// Two pullers of one unit in one process would run two handlers
+		// of its rows at once.
+		w.violate("second puller: process %s started a puller of unit %s (epoch %d) while one ran (epoch %d)",
+			p.id, a.Unit, a.Token.Epoch, old.tok.Epoch)
+	}
+	pl := &puller{w: w, p: p, id: a.Puller, unit: a.Unit, tok: a.Token, te: a.TopologyEpoch, inc: a.Incarnation}
+	p.pullers[a.Unit] = pl
+	w.tracef("%s starts puller %s@%d (unpin %v, reset %v)", p.id, a.Unit, a.Token.Epoch, a.Unpin, a.Reset)
+	w.s.after(0, p, func() { pl.prepare(a.Unpin, a.Reset) })
+}
+
+// prepare lifts the pin and RESETs as asked, reports, and starts pulling.
+func (pl *puller) prepare(unpin, reset bool) {
+	w, p := pl.w, pl.p
+	if pl.mode != running {
+		pl.finish()
+		return
+	}
+	c := w.cons[pl.unit]
+	steps := 0
+	if unpin {
+		steps++
+	}
+	if reset {
+		steps++
+	}
+	at := w.s.now
+	ready := func() {
+		if pl.done {
+			return
+		}
+		w.deliver(p, Event{Kind: EvPullerPrepared, Unit: pl.unit, Puller: pl.id})
+		pl.fetch()
+	}
+	if steps == 0 || p.cut(w.s.now) {
+		// Cut off: the UNPIN and RESET are lost; the pulls will be too.
+		w.s.after(0, p, ready)
+		return
+	}
+	w.s.after(w.s.between(100*1000, 3*ms), nil, func() {
+		if unpin {
+			w.tracef("%s UNPIN %s (puller)", p.id, pl.unit)
+			c.unpin()
+		}
+		if reset {
+			w.tracef("%s RESET %s (puller)", p.id, pl.unit)
+			c.reset()
+			p.record(history.Record{Kind: history.KindReset, Unit: pl.unit, Member: p.name, Incarnation: pl.inc,
+				Epoch: pl.tok.Epoch, Start: at})
+		}
+		w.s.after(w.s.between(100*1000, 3*ms), p, ready)
+	})
+}
+
+// stop asks the puller to stop: at once (mode stopping) or after settling
+// what it delivered (draining, for at most timeout).
+func (pl *puller) stop(mode stopMode, timeout time.Duration) {
+	if pl.done || pl.mode == stopping || pl.mode == mode {
+		return
+	}
+	pl.mode = mode
+	if mode == draining {
+		pl.drainBy = pl.w.s.now + int64(timeout)
+	}
+	if !pl.fetching && !pl.handling {
+		pl.w.s.after(0, pl.p, pl.next)
+	}
+}
+
+func (pl *puller) may() bool {
+	return pl.p.member.May(time.Duration(pl.w.s.now), pl.unit, pl.tok)
+}
+
+func (pl *puller) record(kind history.Kind, d delivered, detail string) {
+	pl.p.record(history.Record{Kind: kind, Unit: pl.unit, Member: pl.p.name, Incarnation: pl.inc, Epoch: pl.tok.Epoch,
+		TopologyEpoch: pl.te, RowID: d.m.rowID, StreamSeq: d.m.seq, NumDelivered: d.deliveries, Detail: detail,
+		Start: pl.w.s.now, End: pl.w.s.now, Fetch: pl.fetchStart})
+}
+
+func (pl *puller) fetch() {
+	w, p := pl.w, pl.p
+	if pl.mode != running {
+		pl.next()
+		return
+	}
+	if !pl.may() {
+		// Pull only while the permission allows the unit: a fenced
+		// process (resumed from a pause, say) that pulled before its core
+		// stopped the puller would take the pin the new holder just
+		// lifted, and keep the unit from it for the pinned TTL. The
+		// puller waits for its stop or for the fence to lift.
+		w.s.after(100*ms, p, pl.fetch)
+		return
+	}
+	pl.fetching = true
+	start := w.s.now
+	c := w.cons[pl.unit]
+	reply := func(rows []delivered) {
+		if pl.done {
+			return
+		}
+		pl.fetching = false
+		p.record(history.Record{Kind: history.KindFetch, Unit: pl.unit, Member: p.name, Incarnation: pl.inc,
+			Epoch: pl.tok.Epoch, Rows: len(rows), Start: start, End: w.s.now})
+		pl.fetchStart = start
+		pl.queue = append(pl.queue, rows...)
+		w.deliver(p, Event{Kind: EvPullerFetched, Unit: pl.unit, Puller: pl.id, Rows: len(rows)})
+		pl.next()
+	}
+	if p.cut(w.s.now) {
+		w.s.after(fetchExpires+200*ms, p, func() { reply(nil) })
+		return
+	}
+	w.s.after(w.s.between(100*1000, 2*ms), nil, func() {
+		rows, ok := c.fetch(p, w.s.now, fetchBatch, pinnedTTL, ackWait)
+		back := w.s.between(100*1000, 2*ms)
+		switch {
+		case !ok:
+			back += 100 * ms // pin mismatch: the client waits before it asks again
+		case len(rows) == 0:
+			back += fetchExpires
+		default:
+			w.tracef("%s fetched %d rows of %s", p.id, len(rows), pl.unit)
+		}
+		w.s.after(back, p, func() {
+			if p.cut(w.s.now) {
+				// The reply is lost: the rows stay in flight to p until
+				// ack_wait.
+				w.s.after(fetchExpires, p, func() { reply(nil) })
+				return
+			}
+			reply(rows)
+		})
+	})
+}
+
+// next handles the next fetched row, or fetches again, or finishes.
+func (pl *puller) next() {
+	w, p := pl.w, pl.p
+	if pl.done {
+		return
+	}
+	for len(pl.queue) > 0 {
+		d := pl.queue[0]
+		pl.queue = pl.queue[1:]
+		switch {
+		case pl.mode == draining && pl.may():
+			// A drain hands the rows it did not deliver back at once.
+			pl.record(history.KindNak, d, "drain")
+			pl.settle(d, false)
+			continue
+		case pl.mode != running || !pl.may():
+			pl.record(history.KindWithheld, d, "released")
+			pl.withheld = true
+			continue
+		}
+		r := history.Record{Kind: history.KindDeliver, Unit: pl.unit, Member: p.name, Incarnation: pl.inc, Epoch: pl.tok.Epoch,
+			TopologyEpoch: pl.te, RowID: d.m.rowID, StreamSeq: d.m.seq, NumDelivered: d.deliveries, Start: w.s.now, Fetch: pl.fetchStart}
+		p.record(r)
+		pl.handling = true
+		w.s.after(w.s.between(ms, 30*ms), p, func() { pl.handled(d) })
+		return
+	}
+	if pl.mode != running {
+		pl.finish()
+		return
+	}
+	pl.fetch()
+}
+
+// handled is the handler's end: the sink write, then the settle.
+func (pl *puller) handled(d delivered) {
+	w, p := pl.w, pl.p
+	if pl.done {
+		return
+	}
+	pl.handling = false
+	if !w.write(p, d.m.rowID, pl.tok) {
+		pl.record(history.KindAbandon, d, "sink refused the token")
+		pl.withheld = true
+		pl.next()
+		return
+	}
+	if pl.mode == draining && w.s.now > pl.drainBy {
+		pl.timedOut = true
+	}
+	if pl.mode == stopping || !pl.may() {
+		pl.record(history.KindWithheld, d, "released")
+		pl.withheld = true
+		pl.next()
+		return
+	}
+	pl.record(history.KindAck, d, "")
+	pl.settle(d, true)
+	pl.next()
+}
+
+// settle sends an ack or a nak to the consumer.
+func (pl *puller) settle(d delivered, ack bool) {
+	w, p := pl.w, pl.p
+	if p.cut(w.s.now) {
+		return
+	}
+	c := w.cons[pl.unit]
+	w.s.after(w.s.between(100*1000, 2*ms), nil, func() {
+		if ack {
+			c.ack(d.m)
+		} else {
+			c.nak(d.m, d.deliveries)
+		}
+	})
+}
+
+func (pl *puller) finish() {
+	if pl.done {
+		return
+	}
+	pl.done = true
+	w, p := pl.w, pl.p
+	if p.pullers[pl.unit] == pl {
+		delete(p.pullers, pl.unit)
+	}
+	w.tracef("%s puller %s@%d stopped (withheld %v)", p.id, pl.unit, pl.tok.Epoch, pl.withheld)
+	w.deliver(p, Event{Kind: EvPullerStopped, Unit: pl.unit, Puller: pl.id, Withheld: pl.withheld, DrainTimedOut: pl.timedOut})
+}
