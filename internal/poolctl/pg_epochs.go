@@ -22,7 +22,8 @@ const createPendingSQL = `
 	tp AS (SELECT 1 FROM shardkeeper.topologies WHERE topology = $1),
 	ins AS (
 		INSERT INTO shardkeeper.epochs (topology, epoch, partitions, shards, state, created_at)
-		SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3, 'pending', shardkeeper.clock($1) FROM shardkeeper.epochs
+		SELECT $1, greatest(coalesce(max(epoch), 0), (SELECT epoch_floor FROM shardkeeper.topologies WHERE topology = $1)) + 1,
+		       $2, $3, 'pending', shardkeeper.clock($1) FROM shardkeeper.epochs
 		 WHERE topology = $1 HAVING NOT EXISTS (SELECT 1 FROM pe) AND EXISTS (SELECT 1 FROM tp)
 		RETURNING epoch)
 	SELECT EXISTS (SELECT 1 FROM tp), (SELECT epoch FROM ins), pe.epoch, pe.partitions, pe.shards
