@@ -133,8 +133,9 @@ func (p *PG) NoteSeq(topology string, seq int64) { p.marks.note(topology, seq) }
 const checkSeqSQL = `
 	WITH s AS (SELECT * FROM shardkeeper.registry_seq WHERE topology = $1),
 	mark AS (
-		UPDATE shardkeeper.registry_seq r SET behind_reason = 'a client has seen a later sequence', behind_seen = $2
-		 WHERE r.topology = $1 AND r.seq < $2 AND r.behind_reason IS NULL
+		UPDATE shardkeeper.registry_seq r SET behind_reason = coalesce(r.behind_reason, 'a client has seen a later sequence'),
+		       behind_seen = greatest(r.behind_seen, $2)
+		 WHERE r.topology = $1 AND r.seq < $2
 		RETURNING r.behind_reason)
 	SELECT coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(),
 	       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $2)
@@ -187,11 +188,22 @@ type RecoverFloor struct {
 // Recovered is what Recover set: every counter now starts above these.
 type Recovered struct {
 	Seq, TokenFloor, EpochFloor, IncarnationFloor int64
+	// Lost is how many write transactions the registry may have lost, as
+	// far as any client reported: the highest sequence seen minus the
+	// registry's.
+	Lost int64
 }
 
+// lostOf is lostSQL as a subquery over $1 (topology) and $4 (the caller's
+// seen sequence).
+var lostOf = strings.NewReplacer("$2::bigint", "$4::bigint").Replace(lostSQL)
+
 // DefaultRecoverMargin is added to every counter on Recover, beyond the
-// highest value any client reported: a client that saw more but did not
-// report (it died) saw at most the commits of the replication lag.
+// bound the clients' reports give: it covers commits of the lost primary
+// that no client reported (their clients died before renewing), each of
+// which raised a counter by at most one. A replication lag of more than
+// this many write transactions of one topology that no surviving client
+// saw is not covered.
 const DefaultRecoverMargin = 1000
 
 // recoverSQL is Recover's statements, after the topology row's lock.
@@ -199,7 +211,9 @@ var recoverSQL = []string{
 	// The claim rows: every token moves to one floor above every token
 	// any client saw; units of every known epoch shape that have no row
 	// get a free row at the floor, so their first claim is above it too.
-	`WITH f AS (SELECT greatest(coalesce((SELECT max(fencing_epoch) FROM shardkeeper.claims WHERE topology = $1), 0), $2::bigint) + $3::bigint AS floor),
+	// $4 is the number of transactions the registry may have lost.
+	`WITH f AS (SELECT greatest(coalesce((SELECT max(fencing_epoch) FROM shardkeeper.claims WHERE topology = $1), 0) + $4::bigint,
+	                            $2::bigint) + $3::bigint AS floor),
 	 t AS (SELECT shardkeeper.clock($1) AS now),
 	 up AS (UPDATE shardkeeper.claims c SET fencing_epoch = f.floor, updated_at = t.now FROM f, t WHERE c.topology = $1 RETURNING 1),
 	 ins AS (
@@ -215,8 +229,9 @@ var recoverSQL = []string{
 	`WITH t AS (SELECT shardkeeper.clock($1) AS now)
 	 UPDATE shardkeeper.members m SET lease_expires_at = least(m.lease_expires_at, t.now) FROM t WHERE m.topology = $1`,
 	`UPDATE shardkeeper.epochs SET state = 'retired', retired_at = shardkeeper.clock($1) WHERE topology = $1 AND state = 'pending'`,
-	`UPDATE shardkeeper.topologies SET next_incarnation = next_incarnation + $2::bigint,
-	        epoch_floor = greatest(epoch_floor, coalesce((SELECT max(epoch) FROM shardkeeper.epochs WHERE topology = $1), 0), $3::bigint) + $2::bigint
+	`UPDATE shardkeeper.topologies SET next_incarnation = next_incarnation + $4::bigint + $2::bigint,
+	        epoch_floor = greatest(greatest(epoch_floor, coalesce((SELECT max(epoch) FROM shardkeeper.epochs WHERE topology = $1), 0))
+	                               + $4::bigint, $3::bigint) + $2::bigint
 	  WHERE topology = $1 RETURNING next_incarnation, epoch_floor`,
 	`INSERT INTO shardkeeper.registry_seq AS r (topology, seq, timeline) VALUES ($1, $2::bigint + $3::bigint, shardkeeper.current_timeline())
 	 ON CONFLICT (topology) DO UPDATE SET seq = greatest(r.seq, r.behind_seen, $2::bigint) + $3::bigint, timeline = excluded.timeline,
@@ -224,10 +239,21 @@ var recoverSQL = []string{
 	 RETURNING seq`,
 }
 
+// lostSQL reads how many write transactions the registry may have lost:
+// the highest sequence a client reported (to Recover, or in a refused
+// renewal) minus its own. Each lost transaction raised any one unit's
+// token, the epoch numbering and the incarnation numbering by at most
+// one, so the counters of the lost primary were at most this far ahead.
+const lostSQL = `SELECT greatest(coalesce(max(behind_seen), 0), $2::bigint) - coalesce(max(seq), 0)
+	FROM shardkeeper.registry_seq WHERE topology = $1`
+
 // Recover makes a registry that went back in time safe to use again, in
 // one transaction: it moves every fencing token, the topology epoch
 // numbering, the incarnation numbering and the sequence past what the
-// clients report having seen (seen) plus margin, ends every lease (every
+// clients report having seen (seen, and the marks refused renewals
+// recorded): each counter moves by the number of transactions the
+// registry lost (Recovered.Lost: every one raised it by at most one), or
+// to the highest value reported, whichever is higher, plus margin; ends every lease (every
 // member rejoins and confirms), abandons a pending epoch, and clears the
 // behind state and the recorded timeline. No (unit, token) and no epoch
 // number a client saw is issued again. margin <= 0 means
@@ -236,14 +262,18 @@ func (p *PG) Recover(ctx context.Context, topology string, seen RecoverFloor, ma
 	if margin <= 0 {
 		margin = DefaultRecoverMargin
 	}
+	seenSeq := max(seen.Seq, p.marks.get(topology))
 	var out Recovered
 	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
 		b.Queue(lockTopologySQL, topology)
-		b.Queue(recoverSQL[0], topology, seen.Token, margin)
+		// The lost count is read under the topology lock in the same
+		// transaction; the statements below take it as a subquery.
+		b.Queue(lostSQL, topology, seenSeq)
+		b.Queue(strings.ReplaceAll(recoverSQL[0], "$4::bigint", "("+lostOf+")"), topology, seen.Token, margin, seenSeq)
 		b.Queue(recoverSQL[1], topology)
 		b.Queue(recoverSQL[2], topology)
-		b.Queue(recoverSQL[3], topology, margin, seen.Epoch)
-		b.Queue(recoverSQL[4], topology, max(seen.Seq, p.marks.get(topology)), margin)
+		b.Queue(strings.ReplaceAll(recoverSQL[3], "$4::bigint", "("+lostOf+")"), topology, margin, seen.Epoch, seenSeq)
+		b.Queue(recoverSQL[4], topology, seenSeq, margin)
 	}, func(br pgx.BatchResults) error {
 		tag, err := br.Exec()
 		if err != nil {
@@ -251,6 +281,9 @@ func (p *PG) Recover(ctx context.Context, topology string, seen RecoverFloor, ma
 		}
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
+		}
+		if err := br.QueryRow().Scan(&out.Lost); err != nil {
+			return err
 		}
 		var up, ins int64
 		if err := br.QueryRow().Scan(&out.TokenFloor, &up, &ins); err != nil {
