@@ -396,6 +396,9 @@ func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Re
 // the last census counted pending.
 func observeRegistry(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	s.pending, _ = r.conns().pendingRows(s.key)
+	if err := recoverBehindRegistry(ctx, r, s); err != nil {
+		return ctrl.Result{}, err
+	}
 	return ctrl.Result{}, s.readRegistry(ctx)
 }
 

@@ -125,7 +125,10 @@ func Open(ctx context.Context, cfg Config) (*PG, error) {
 	for k, v := range cfg.runtimeParams() {
 		pc.ConnConfig.RuntimeParams[k] = v
 	}
+	// Every commit reports the topology's new registry sequence to this
+	// client (issue 22).
 	marks := &seqMarks{}
+	pc.ConnConfig.RuntimeParams["shardkeeper.report_seq"] = "on"
 	pc.ConnConfig.OnNotice = marks.onNotice
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -31,8 +31,9 @@ $$;
 
 -- Raises the topology's sequence once per transaction, at commit (a
 -- deferred constraint trigger runs after every statement of the
--- transaction), and tells the client the new value in a NOTICE, which the
--- client adopts as the highest sequence it has seen. It refuses the commit
+-- transaction), and tells the client the new value in a NOTICE (sessions
+-- with shardkeeper.report_seq on), which the client adopts as the highest
+-- sequence it has seen. It refuses the commit
 -- (SQLSTATE SKBHD) while the registry is known to be behind, or when the
 -- timeline differs from the last write's: the server was promoted or
 -- restored, and may have lost commits clients acted on.
@@ -69,7 +70,12 @@ BEGIN
     END IF;
     UPDATE shardkeeper.registry_seq SET seq = seq + 1, timeline = coalesce(v_tl, timeline)
      WHERE topology = v_topology RETURNING seq INTO r.seq;
-    RAISE NOTICE USING MESSAGE = 'shardkeeper registry seq', DETAIL = v_topology, HINT = r.seq::text;
+    -- Only sessions that asked (Open sets shardkeeper.report_seq): a
+    -- notice is flushed to the client at once, before the commit is done,
+    -- so a client that does not read it should not get it.
+    IF current_setting('shardkeeper.report_seq', true) = 'on' THEN
+        RAISE NOTICE USING MESSAGE = 'shardkeeper registry seq', DETAIL = v_topology, HINT = r.seq::text;
+    END IF;
     RETURN NULL;
 END
 $$;
