@@ -62,6 +62,13 @@ func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 		issue(m.Member, c)
 	}
 
+	// The settings say what a failover costs: one asynchronous standby.
+	d, err := pg.ReadDurability(ctx)
+	must(t, err)
+	if d.Durable || d.Reason != DurableAsynchronous || d.Standbys != 1 {
+		t.Fatalf("durability with one asynchronous standby: %+v; want not durable, %s, 1 standby", d, DurableAsynchronous)
+	}
+
 	// The standby has everything so far; then its WAL stream stops.
 	standbyDSN := viaAddr(t, dsn, standbyAddr)
 	waitStandbySeq(ctx, t, standbyDSN, topo, pg.SeenSeq(topo))

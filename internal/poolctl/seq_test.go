@@ -3,6 +3,7 @@ package poolctl
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -148,3 +149,30 @@ func TestAChangedTimelineRefusesEveryWrite(t *testing.T) {
 }
 
 func isBehind(err error) bool { _, ok := RegistryBehind(err); return ok }
+
+func TestDurabilityIsJudgedFromTheReplicationSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		in          Durability
+		durable     bool
+		reason      string
+		mentionsFix string
+	}{
+		{"no standby", Durability{SynchronousCommit: "on"}, false, DurableNoStandby, ""},
+		{"asynchronous standby", Durability{SynchronousCommit: "on", Standbys: 2}, false, DurableAsynchronous, "dataDurability: required"},
+		{"synchronous standby", Durability{SynchronousStandbyNames: "ANY 1 (*)", SynchronousCommit: "on", Standbys: 1}, true, DurableSynchronous, ""},
+		{"remote_apply waits too", Durability{SynchronousStandbyNames: "s1", SynchronousCommit: "remote_apply"}, true, DurableSynchronous, ""},
+		{"local commit does not wait", Durability{SynchronousStandbyNames: "s1", SynchronousCommit: "local", Standbys: 1}, false, DurableLocalCommit, ""},
+		{"commit off does not wait", Durability{SynchronousStandbyNames: "s1", SynchronousCommit: "off", Standbys: 1}, false, DurableLocalCommit, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := judgeDurability(tc.in)
+			if got.Durable != tc.durable || got.Reason != tc.reason {
+				t.Fatalf("got durable=%v reason=%s, want %v %s", got.Durable, got.Reason, tc.durable, tc.reason)
+			}
+			if tc.mentionsFix != "" && !strings.Contains(got.Message, tc.mentionsFix) {
+				t.Fatalf("message %q does not say how to fix it (%q)", got.Message, tc.mentionsFix)
+			}
+		})
+	}
+}
