@@ -89,3 +89,25 @@ func (c *Connections) setBehindSince(key types.NamespacedName, t time.Time) {
 	defer e.mu.Unlock()
 	e.behindSince = t
 }
+
+// durabilityReader is a registry that can say what its replication
+// settings promise (the PostgreSQL one).
+type durabilityReader interface {
+	ReadDurability(ctx context.Context) (poolctl.Durability, error)
+}
+
+// readDurability reads the registry's replication settings for the
+// RegistryDurable condition. A failed read leaves the condition as it was:
+// it describes configuration, which a transient error does not change.
+func readDurability(ctx context.Context, s *scope) {
+	dr, ok := s.reg.(durabilityReader)
+	if !ok {
+		return
+	}
+	d, err := dr.ReadDurability(ctx)
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("Reading the registry's replication settings failed", "error", err.Error())
+		return
+	}
+	s.durability = &d
+}
