@@ -230,6 +230,8 @@ var recoverSQL = []string{
 	 UPDATE shardkeeper.members m SET lease_expires_at = least(m.lease_expires_at, t.now) FROM t WHERE m.topology = $1`,
 	`UPDATE shardkeeper.epochs SET state = 'retired', retired_at = shardkeeper.clock($1) WHERE topology = $1 AND state = 'pending'`,
 	`UPDATE shardkeeper.topologies SET next_incarnation = next_incarnation + $4::bigint + $2::bigint,
+	        token_floor = greatest(coalesce((SELECT max(fencing_epoch) FROM shardkeeper.claims WHERE topology = $1), 0),
+	                               $4::bigint + $2::bigint),
 	        epoch_floor = greatest(greatest(epoch_floor, coalesce((SELECT max(epoch) FROM shardkeeper.epochs WHERE topology = $1), 0))
 	                               + $4::bigint, $3::bigint) + $2::bigint
 	  WHERE topology = $1 RETURNING next_incarnation, epoch_floor`,

@@ -3,6 +3,7 @@ package poolctl
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -107,10 +108,19 @@ func TestARegistryBehindAClientsMarkIsRefusedUntilRecovered(t *testing.T) {
 	if c1.Epoch <= rec.TokenFloor {
 		t.Fatalf("token of a never-claimed unit after recovery %d; want above the floor %d", c1.Epoch, rec.TokenFloor)
 	}
+	// A new shape's units, which a lost primary may have claimed from
+	// token 1 up, start above the floor too.
 	e, err := other.CreatePending(ctx, topo, 1, 8)
 	must(t, err)
-	if e <= rec.EpochFloor-100+100-1 || e <= 107 {
+	if e <= rec.EpochFloor {
 		t.Fatalf("epoch after recovery %d; want above %d", e, rec.EpochFloor)
+	}
+	must(t, other.AckFreeze(ctx, b.MemberRef, e))
+	must(t, other.Activate(ctx, topo, e))
+	c2, err := other.Claim(ctx, b.MemberRef, e, "0.6")
+	must(t, err)
+	if c2.Epoch <= rec.TokenFloor {
+		t.Fatalf("token of a unit new after recovery %d; want above the floor %d", c2.Epoch, rec.TokenFloor)
 	}
 	if _, err := pg.CheckSeq(ctx, topo); err != nil {
 		t.Fatalf("CheckSeq after recovery: %v", err)
@@ -174,5 +184,26 @@ func TestDurabilityIsJudgedFromTheReplicationSettings(t *testing.T) {
 				t.Fatalf("message %q does not say how to fix it (%q)", got.Message, tc.mentionsFix)
 			}
 		})
+	}
+}
+
+// TestRecoverOfATopologyWithoutClaimsStillSetsFloors: a lost primary may
+// have issued tokens and epochs the standby has no trace of at all.
+func TestRecoverOfATopologyWithoutClaimsStillSetsFloors(t *testing.T) {
+	ctx := context.Background()
+	pg, _ := newPG(t)
+	topo := fmt.Sprintf("ns/bare-%d", topologySeq.Add(1))
+	must(t, pg.EnsureTopology(ctx, topo, testParams))
+	rec, err := pg.Recover(ctx, topo, RecoverFloor{}, 10)
+	must(t, err)
+	e, err := pg.CreatePending(ctx, topo, 1, 2)
+	must(t, err)
+	must(t, pg.Activate(ctx, topo, e))
+	l, err := pg.Join(ctx, topo, "a")
+	must(t, err)
+	c, err := pg.Claim(ctx, l.MemberRef, e, "0.1")
+	must(t, err)
+	if e <= 10 || c.Epoch <= 10 {
+		t.Fatalf("after recovering a bare topology (%+v): epoch %d, token %d; want both above the margin 10", rec, e, c.Epoch)
 	}
 }

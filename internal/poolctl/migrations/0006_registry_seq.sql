@@ -15,8 +15,12 @@ CREATE TABLE shardkeeper.registry_seq (
     behind_seen     bigint NOT NULL DEFAULT 0
 );
 
--- Floors Recover sets: no epoch number at or below epoch_floor is created.
+-- Floors Recover sets: no epoch number at or below epoch_floor is created,
+-- and a unit without a claim row gets a free row at token_floor when an
+-- epoch that contains it is created (so its first token is above every
+-- token a lost primary may have issued for it).
 ALTER TABLE shardkeeper.topologies ADD COLUMN epoch_floor bigint NOT NULL DEFAULT 0;
+ALTER TABLE shardkeeper.topologies ADD COLUMN token_floor bigint NOT NULL DEFAULT 0;
 
 -- The server's current WAL timeline, read from the name of the current WAL
 -- file (pg_walfile_name needs no privilege, unlike pg_control_checkpoint).
