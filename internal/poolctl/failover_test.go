@@ -217,3 +217,107 @@ func queryOne(ctx context.Context, dsn, sql string, arg any, dest any) error {
 	defer conn.Close(ctx)
 	return conn.QueryRow(ctx, sql, arg).Scan(dest)
 }
+
+// TestACommitWhoseSynchronousWaitWasCancelledIsFoundAfterAFailover is the
+// synchronous-replication variant of issue 22: commits wait for the
+// standby, the WAL stream is held, and a claim's wait is cancelled by the
+// caller's deadline. PostgreSQL then makes the commit visible on the
+// primary though the standby never got it, and the caller sees an error
+// (an unknown outcome). The commit trigger told the client its sequence
+// before the wait, so after the primary dies and the standby is promoted
+// the registry is found behind, and after Recover the unit's next token is
+// above the one the lost commit issued.
+func TestACommitWhoseSynchronousWaitWasCancelledIsFoundAfterAFailover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	primary := pgtest.New(t)
+	primaryAddr := fmt.Sprintf("127.0.0.1:%d", primary.Port)
+	wal := faultproxy.New(t, primaryAddr)
+	standby := primary.NewStandby(t, wal.Addr())
+	standbyAddr := fmt.Sprintf("127.0.0.1:%d", standby.Port)
+	must(t, execOn(ctx, primary.DSN("postgres"), "ALTER SYSTEM SET synchronous_standby_names = '*'"))
+	must(t, execOn(ctx, primary.DSN("postgres"), "SELECT pg_reload_conf()"))
+	// pgtest starts servers with synchronous_commit=off on the command
+	// line; a role setting overrides it for new sessions.
+	must(t, execOn(ctx, primary.DSN("postgres"), "ALTER ROLE postgres SET synchronous_commit = 'on'"))
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int64
+		if err := queryOne(ctx, primary.DSN("postgres"), "SELECT count(*) FROM pg_stat_replication WHERE sync_state = $1", "sync", &n); err == nil && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the standby did not become synchronous within a minute")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	dsn := primary.NewTestDatabase(t)
+	front := faultproxy.New(t, primaryAddr)
+	pg, err := Open(ctx, Config{DSN: viaAddr(t, dsn, front.Addr()), MaxConns: 4})
+	must(t, err)
+	defer pg.Close()
+	d, err := pg.ReadDurability(ctx)
+	must(t, err)
+	if !d.Durable || d.Reason != DurableSynchronous {
+		t.Fatalf("durability with a synchronous standby: %+v; want durable, %s", d, DurableSynchronous)
+	}
+	topo := newTopology(t, pg, testParams, 1, 4)
+	a, err := pg.Join(ctx, topo, "a")
+	must(t, err)
+	c0, err := pg.Claim(ctx, a.MemberRef, 1, "0.0")
+	must(t, err)
+	replicated := pg.SeenSeq(topo)
+
+	// The standby stops acknowledging; a claim's wait for it is cancelled.
+	wal.Hold(true)
+	cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = pg.Claim(cctx, a.MemberRef, 1, "0.1")
+	ccancel()
+	if err == nil {
+		t.Fatal("a claim returned while its commit waited for a standby that does not answer")
+	}
+	var lostToken int64
+	must(t, queryOne(ctx, viaAddr(t, dsn, primaryAddr),
+		"SELECT fencing_epoch FROM shardkeeper.claims WHERE topology = $1 AND unit = '0.1' AND owner = 'a'", topo, &lostToken))
+	t.Logf("claim error %v; yet the primary shows 0.1 held by a at token %d", err, lostToken)
+	if pg.SeenSeq(topo) <= replicated {
+		t.Fatalf("the client's mark %d did not cover the commit whose wait was cancelled (replicated %d)", pg.SeenSeq(topo), replicated)
+	}
+
+	must(t, primary.Kill())
+	must(t, standby.Promote(ctx))
+	front.Retarget(standbyAddr)
+	front.CutAll()
+	var renewErr error
+	deadline = time.Now().Add(time.Minute)
+	for {
+		_, renewErr = pg.Renew(ctx, a.MemberRef)
+		if !IsConnectionError(renewErr) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !errors.Is(renewErr, ErrRegistryBehind) {
+		t.Fatalf("renewal after the failover: got %v, want ErrRegistryBehind", renewErr)
+	}
+	rec, err := pg.Recover(ctx, topo, RecoverFloor{}, 1)
+	must(t, err)
+	a2, err := pg.Rejoin(ctx, a.MemberRef, "a-1")
+	must(t, err)
+	c1, err := pg.Claim(ctx, a2.MemberRef, 1, "0.1")
+	must(t, err)
+	if c1.Epoch <= lostToken || c1.Epoch <= c0.Epoch {
+		t.Fatalf("token of 0.1 after recovery %d (%+v); the lost commit issued %d", c1.Epoch, rec, lostToken)
+	}
+}
+
+func execOn(ctx context.Context, dsn, sql string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
