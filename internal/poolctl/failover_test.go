@@ -270,17 +270,44 @@ func TestACommitWhoseSynchronousWaitWasCancelledIsFoundAfterAFailover(t *testing
 	replicated := pg.SeenSeq(topo)
 
 	// The standby stops acknowledging; a claim's wait for it is cancelled.
+	// The caller gives up once the commit waits for the standby (the
+	// backend's wait event says so), as a query bound would.
 	wal.Hold(true)
-	cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err = pg.Claim(cctx, a.MemberRef, 1, "0.1")
+	cctx, ccancel := context.WithCancel(ctx)
+	claimed := make(chan error, 1)
+	go func() { _, err := pg.Claim(cctx, a.MemberRef, 1, "0.1"); claimed <- err }()
+	deadline = time.Now().Add(time.Minute)
+	for {
+		var n int64
+		must(t, queryOne(ctx, primary.DSN("postgres"), "SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1", "SyncRep", &n))
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no commit waited for the standby within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	ccancel()
-	if err == nil {
-		t.Fatal("a claim returned while its commit waited for a standby that does not answer")
+	if err := <-claimed; err == nil {
+		t.Fatal("a claim returned success while its commit waited for a standby that does not answer")
+	} else {
+		t.Logf("claim cancelled during the wait for the standby: %v", err)
 	}
 	var lostToken int64
-	must(t, queryOne(ctx, viaAddr(t, dsn, primaryAddr),
-		"SELECT fencing_epoch FROM shardkeeper.claims WHERE topology = $1 AND unit = '0.1' AND owner = 'a'", topo, &lostToken))
-	t.Logf("claim error %v; yet the primary shows 0.1 held by a at token %d", err, lostToken)
+	deadline = time.Now().Add(time.Minute)
+	for {
+		err := queryOne(ctx, viaAddr(t, dsn, primaryAddr),
+			"SELECT fencing_epoch FROM shardkeeper.claims WHERE topology = $1 AND unit = '0.1' AND owner = 'a'", topo, &lostToken)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) || time.Now().After(deadline) {
+			t.Fatalf("the cancelled commit never became visible on the primary: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the primary shows 0.1 held by a at token %d, which the standby never got", lostToken)
 	if pg.SeenSeq(topo) <= replicated {
 		t.Fatalf("the client's mark %d did not cover the commit whose wait was cancelled (replicated %d)", pg.SeenSeq(topo), replicated)
 	}
