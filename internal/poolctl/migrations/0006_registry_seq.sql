@@ -50,7 +50,7 @@ DECLARE
     r          shardkeeper.registry_seq%ROWTYPE;
 BEGIN
     IF TG_OP = 'DELETE' THEN v_topology := OLD.topology; ELSE v_topology := NEW.topology; END IF;
-    v_key := pg_current_xact_id()::text || '/' || v_topology;
+    v_key := txid_current()::text || '/' || v_topology; -- txid_current: PostgreSQL 11 has no pg_current_xact_id
     IF current_setting('shardkeeper.bumped', true) = v_key THEN
         RETURN NULL;
     END IF;
