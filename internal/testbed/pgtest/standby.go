@@ -75,39 +75,6 @@ func (s *Server) StartStandby(ctx context.Context, from string) (*Server, error)
 	return st, nil
 }
 
-// exec runs one statement as the superuser on database postgres.
-func (s *Server) exec(ctx context.Context, sql string) error {
-	conn, err := pgx.Connect(ctx, s.DSN("postgres"))
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, sql)
-	return err
-}
-
-// PauseReplay stops a standby applying the WAL it receives (it keeps
-// receiving it), so it lags its primary by exactly what is written from
-// now on: a deterministic lag, not a sleep.
-func (s *Server) PauseReplay(ctx context.Context) error {
-	if err := s.exec(ctx, "SELECT pg_wal_replay_pause()"); err != nil {
-		return fmt.Errorf("pause WAL replay: %w", err)
-	}
-	return nil
-}
-
-// ReplayLSN is the last WAL position a standby applied.
-func (s *Server) ReplayLSN(ctx context.Context) (string, error) {
-	conn, err := pgx.Connect(ctx, s.DSN("postgres"))
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(ctx)
-	var lsn string
-	err = conn.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&lsn)
-	return lsn, err
-}
-
 // Kill ends the server the way a crashed host does: SIGKILL to the
 // postmaster and every process it started, no shutdown checkpoint.
 func (s *Server) Kill() error {
