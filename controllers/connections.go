@@ -48,6 +48,10 @@ type topologyConns struct {
 	sysKey  string
 	sys     *nats.Conn
 
+	// behindSince is when this process first found the registry behind
+	// (issue 22); zero while it is not.
+	behindSince time.Time
+
 	// provisioned is the shape this process last provisioned, and when.
 	provisionedShape string
 	provisionedAt    time.Time

@@ -45,6 +45,9 @@ type scope struct {
 	topo *topologyv1.ShardTopology
 	key  types.NamespacedName
 	now  time.Time
+	// durability is what the registry's replication settings promise
+	// (nil: not read, or not a PostgreSQL registry).
+	durability *poolctl.Durability
 
 	// stall is set by a step that found something only a person can fix.
 	stall *StallError
@@ -134,6 +137,7 @@ func (s *scope) observation(err error) observation {
 	if err != nil && !errors.As(err, &stall) {
 		o.err = err
 	}
+	o.durability = s.durability
 	if s.snap != nil {
 		o.registry = &registryView{snap: *s.snap, claims: s.claims, activity: s.activity, pending: s.pending}
 	}
@@ -420,6 +424,10 @@ func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Re
 // the last census counted pending.
 func observeRegistry(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	s.pending, _ = r.conns().pendingRows(s.key)
+	if err := recoverBehindRegistry(ctx, r, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	readDurability(ctx, s)
 	return ctrl.Result{}, s.readRegistry(ctx)
 }
 

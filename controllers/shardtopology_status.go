@@ -18,6 +18,9 @@ import (
 // Status is a pure function of the object and an observation (P7: it says
 // what is true now).
 type observation struct {
+	// durability: the registry's replication settings, judged (nil when
+	// not read this reconcile: the condition keeps its last value).
+	durability *poolctl.Durability
 	// stall: the spec cannot be acted on until something changes.
 	stall *StallError
 	// err: a step failed in a way a retry may fix.
@@ -96,6 +99,13 @@ func computeStatus(t *topologyv1.ShardTopology, o observation, now time.Time) to
 	held := o.change.held || o.roll.held
 	setPaused(set, o.paused, held, o.change.message, o.roll.message)
 	applyCensus(&st, set, o.census, t.Spec.NATS.AckWaitOrDefault())
+	if d := o.durability; d != nil {
+		status := metav1.ConditionFalse
+		if d.Durable {
+			status = metav1.ConditionTrue
+		}
+		set(topologyv1.ConditionRegistryDurable, status, d.Reason, d.Message)
+	}
 	if o.registry != nil {
 		applyWorld(&st, t, o, now)
 	}

@@ -24,6 +24,15 @@ const (
 	// ConditionRolloutPaused is True while spec.rollout.paused or the
 	// paused annotation holds the rollout between steps.
 	ConditionRolloutPaused = "RolloutPaused"
+	// ConditionRegistryDurable is True when the registry's PostgreSQL
+	// waits for a synchronous standby before it acknowledges a commit, so
+	// a failover loses nothing acknowledged. Its reasons are
+	// SynchronousReplication, AsynchronousReplication, NoStandby and
+	// SynchronousCommitLocal. False is not unsafe for ownership (a
+	// registry that lost commits is detected and recovered, issue 22) but
+	// costs a fleet-wide fence at a failover and the rows a sink in the
+	// same database acknowledged during the lag.
+	ConditionRegistryDurable = "RegistryDurable"
 )
 
 // Condition reasons. Each is CamelCase and says why a condition has its

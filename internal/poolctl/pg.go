@@ -101,6 +101,9 @@ func (cfg Config) runtimeParams() map[string]string {
 type PG struct {
 	pool  *pgxpool.Pool
 	owned bool
+	// marks are this client's highest registry sequences seen (issue 22),
+	// fed by the commit trigger's notices on connections Open made.
+	marks *seqMarks
 }
 
 var (
@@ -122,6 +125,11 @@ func Open(ctx context.Context, cfg Config) (*PG, error) {
 	for k, v := range cfg.runtimeParams() {
 		pc.ConnConfig.RuntimeParams[k] = v
 	}
+	// Every commit reports the topology's new registry sequence to this
+	// client (issue 22).
+	marks := &seqMarks{}
+	pc.ConnConfig.RuntimeParams["shardkeeper.report_seq"] = "on"
+	pc.ConnConfig.OnNotice = marks.onNotice
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("open registry pool: %w", err)
@@ -132,11 +140,14 @@ func Open(ctx context.Context, cfg Config) (*PG, error) {
 			return nil, fmt.Errorf("migrate registry: %w", err)
 		}
 	}
-	return &PG{pool: pool, owned: true}, nil
+	return &PG{pool: pool, owned: true, marks: marks}, nil
 }
 
 // New wraps a pool whose schema is migrated; Close leaves the pool open.
-func New(pool *pgxpool.Pool) *PG { return &PG{pool: pool} }
+// Its client learns the registry sequence only from Renew and CheckSeq
+// replies: the pool's connections were not opened with the notice hook
+// that reports every commit's sequence (use Open for a worker).
+func New(pool *pgxpool.Pool) *PG { return &PG{pool: pool, marks: &seqMarks{}} }
 
 // Pool returns the underlying pool.
 func (p *PG) Pool() *pgxpool.Pool { return p.pool }
@@ -309,7 +320,7 @@ func IsConnectionError(err error) bool {
 func isRuleError(err error) bool {
 	for _, e := range []error{ErrUnknownTopology, ErrNotMember, ErrStaleIncarnation, ErrDisplaced, ErrLeaseExpired, ErrFenced,
 		ErrDraining, ErrNoActiveEpoch, ErrEpochMoved, ErrFrozen, ErrUnitOutOfRange, ErrHeld, ErrStaleEpoch, ErrStillHolding,
-		ErrPendingExists, ErrEpochState, ErrFreezeIncomplete, ErrConflict, ErrInvalid, ErrSchemaTooNew} {
+		ErrPendingExists, ErrEpochState, ErrFreezeIncomplete, ErrConflict, ErrInvalid, ErrSchemaTooNew, ErrRegistryBehind} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -22,11 +22,23 @@ const createPendingSQL = `
 	tp AS (SELECT 1 FROM shardkeeper.topologies WHERE topology = $1),
 	ins AS (
 		INSERT INTO shardkeeper.epochs (topology, epoch, partitions, shards, state, created_at)
-		SELECT $1, coalesce(max(epoch), 0) + 1, $2, $3, 'pending', shardkeeper.clock($1) FROM shardkeeper.epochs
+		SELECT $1, greatest(coalesce(max(epoch), 0), (SELECT epoch_floor FROM shardkeeper.topologies WHERE topology = $1)) + 1,
+		       $2, $3, 'pending', shardkeeper.clock($1) FROM shardkeeper.epochs
 		 WHERE topology = $1 HAVING NOT EXISTS (SELECT 1 FROM pe) AND EXISTS (SELECT 1 FROM tp)
 		RETURNING epoch)
 	SELECT EXISTS (SELECT 1 FROM tp), (SELECT epoch FROM ins), pe.epoch, pe.partitions, pe.shards
 	  FROM (SELECT 1) one LEFT JOIN pe ON true`
+
+// floorRowsSQL gives every unit of a new shape that has no claim row a
+// free row at the token floor, after a Recover set one (issue 22): a lost
+// primary may have issued tokens for units the standby never saw, from 1
+// up. Without a floor (never recovered) it writes nothing.
+const floorRowsSQL = `
+	INSERT INTO shardkeeper.claims (topology, unit, fencing_epoch, state, updated_at)
+	SELECT $1, p || '.' || s, t.token_floor, 'free', shardkeeper.clock($1)
+	  FROM shardkeeper.topologies t, generate_series(0, $2::int - 1) p, generate_series(0, $3::int - 1) s
+	 WHERE t.topology = $1 AND t.token_floor > 0
+	ON CONFLICT (topology, unit) DO NOTHING`
 
 // CreatePending implements Registry in one pipeline under the topology
 // row's lock.
@@ -42,11 +54,16 @@ func (p *PG) CreatePending(ctx context.Context, topology string, partitions, sha
 	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
 		b.Queue(lockTopologySQL, topology)
 		b.Queue(createPendingSQL, topology, partitions, shards)
+		b.Queue(floorRowsSQL, topology, partitions, shards)
 	}, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
-		return br.QueryRow().Scan(&known, &created, &pn, &pp, &ps)
+		if err := br.QueryRow().Scan(&known, &created, &pn, &pp, &ps); err != nil {
+			return err
+		}
+		_, err := br.Exec()
+		return err
 	})
 	switch {
 	case err != nil:

@@ -10,8 +10,11 @@ import (
 )
 
 // Renew implements Registry in one statement: the update applies only to a
-// live lease of this incarnation; the member row read alongside explains a
-// refusal.
+// live lease of this incarnation, on a registry whose sequence is not
+// behind this client's mark (SeenSeq); the member row read alongside
+// explains a refusal. Every renewal carries the mark, so a registry that
+// lost a commit this client saw is found out within one renew interval,
+// and the commit trigger refuses a renewal on a changed timeline at once.
 func (p *PG) Renew(ctx context.Context, m MemberRef) (Lease, error) {
 	var (
 		now     *time.Time
@@ -19,27 +22,51 @@ func (p *PG) Renew(ctx context.Context, m MemberRef) (Lease, error) {
 		expires *time.Time
 		slot    *int
 		cur     memberScan
+
+		seq, tl, behindSeen int64
+		curTL               *int64
+		reason              *string
+		seen                = p.marks.get(m.Topology)
 	)
 	err := p.pool.QueryRow(ctx, `
 		WITH t AS (SELECT shardkeeper.clock(topology) AS now, `+paramsCols+` FROM shardkeeper.topologies WHERE topology = $1),
 		cur AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
+		s AS (SELECT * FROM shardkeeper.registry_seq WHERE topology = $1),
+		mark AS (
+			UPDATE shardkeeper.registry_seq r SET behind_reason = 'a client has seen a later sequence', behind_seen = $4
+			 WHERE r.topology = $1 AND r.seq < $4 AND r.behind_reason IS NULL
+			RETURNING r.behind_reason),
 		upd AS (
 			UPDATE shardkeeper.members m SET lease_expires_at = t.now + t.lease_ttl FROM t
 			 WHERE m.topology = $1 AND m.member = $2 AND m.incarnation = $3
 			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
+			   AND coalesce((SELECT seq FROM s), 0) >= $4
 			RETURNING m.lease_expires_at, coalesce(m.slot, -1) AS slot)
-		SELECT t.now, `+paramsColsOf("t")+`, upd.lease_expires_at, upd.slot, `+memberCols("cur")+`
-		  FROM (SELECT 1) one LEFT JOIN t ON true LEFT JOIN cur ON true LEFT JOIN upd ON true`,
-		m.Topology, m.Member, m.Incarnation).Scan(scanAll([]any{&now}, prm.dest(), []any{&expires, &slot}, cur.dest())...)
+		SELECT t.now, `+paramsColsOf("t")+`, upd.lease_expires_at, upd.slot, `+memberCols("cur")+`,
+		       coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(),
+		       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $4)
+		  FROM (SELECT 1) one LEFT JOIN t ON true LEFT JOIN cur ON true LEFT JOIN upd ON true LEFT JOIN s ON true`,
+		m.Topology, m.Member, m.Incarnation, seen).Scan(scanAll([]any{&now}, prm.dest(), []any{&expires, &slot}, cur.dest(),
+		[]any{&seq, &tl, &curTL, &reason, &behindSeen})...)
 	if err != nil {
+		if be, ok := RegistryBehind(err); ok {
+			be.Topology = m.Topology
+			err = be
+		}
 		return Lease{}, fmt.Errorf("renew %s: %w", m.Member, err)
 	}
 	if err := topologyErr(m.Topology, now); err != nil {
 		return Lease{}, err
 	}
+	// A registry behind this client's mark changed nothing but its behind
+	// state (committed, so every other client is refused too).
+	if err := behindErr(m.Topology, seq, tl, curTL, reason, behindSeen); err != nil {
+		return Lease{}, fmt.Errorf("renew %s: %w", m.Member, err)
+	}
 	if expires == nil {
 		return Lease{}, fmt.Errorf("renew: %w", refusal(checkMember(m, cur.row(), *now)))
 	}
+	p.marks.note(m.Topology, seq)
 	params := prm.params()
 	return Lease{MemberRef: m, Slot: *slot, TTL: params.LeaseTTL, ExpiresAt: *expires, Params: params}, nil
 }

@@ -3,12 +3,14 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/worker/internal/member"
 )
 
@@ -62,7 +64,7 @@ func (w *Worker) call(a member.Action) {
 		w.post(member.JoinReply{Req: a.Req, Lease: l, Err: err})
 	case member.Renew:
 		l, err := w.reg.Renew(ctx, a.Ref)
-		w.post(member.RenewReply{Req: a.Req, Lease: l, Err: err})
+		w.post(member.RenewReply{Req: a.Req, Lease: l, Err: behind(err)})
 	case member.Fence:
 		w.post(member.FenceReply{Req: a.Req, Err: w.reg.Fence(ctx, a.Ref, a.Gen)})
 	case member.Unfence:
@@ -86,6 +88,16 @@ func (w *Worker) call(a member.Action) {
 	case member.ReportActivity:
 		w.post(member.ActivityReply{Req: a.Req, Err: w.reg.ReportActivity(ctx, a.Ref, a.Units)})
 	}
+}
+
+// behind gives a refusal by a registry that went back in time (the commit
+// trigger's SQL error included) the type the core matches, so a renewal
+// it refuses fences the member as a lost lease does.
+func behind(err error) error {
+	if be, ok := poolctl.RegistryBehind(err); ok && !errors.Is(err, poolctl.ErrRegistryBehind) {
+		return fmt.Errorf("%w: %w", be, err)
+	}
+	return err
 }
 
 // publish makes p the permission every puller checks.

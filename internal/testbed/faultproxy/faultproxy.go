@@ -105,6 +105,15 @@ func (p *Proxy) SetLatency(each time.Duration) {
 	p.mu.Unlock()
 }
 
+// Retarget sends connections accepted from now on to target (host:port),
+// as a service address repointed at a promoted standby does; open
+// connections stay with the old target until they end or are cut.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
+
 // Refuse makes the proxy close new connections at once (on) or forward them
 // again (off). Open connections are not affected; see CutAll.
 func (p *Proxy) Refuse(on bool) {
@@ -248,14 +257,14 @@ func (p *Proxy) acceptLoop() {
 			continue
 		}
 		p.mu.Lock()
-		refuse, closed := p.refuse, p.closed
+		refuse, closed, target := p.refuse, p.closed, p.target
 		p.mu.Unlock()
 		if refuse || closed {
 			resetClose(c)
 			p.refused.Add(1)
 			continue
 		}
-		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		s, err := net.DialTimeout("tcp", target, 5*time.Second)
 		if err != nil {
 			resetClose(c)
 			p.refused.Add(1)

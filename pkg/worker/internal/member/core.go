@@ -339,8 +339,12 @@ func definite(err error) bool {
 // leaseLost reports whether err says the registry will not renew this
 // incarnation again.
 func leaseLost(err error) bool {
+	// A registry behind this member's mark (a failover to a standby that
+	// lost commits, issue 22) may hand this member's units and tokens to
+	// others: the lease is as good as lost, so the member fences and
+	// rejoins once the registry is recovered.
 	return errors.Is(err, poolctl.ErrLeaseExpired) || errors.Is(err, poolctl.ErrStaleIncarnation) ||
-		errors.Is(err, poolctl.ErrNotMember)
+		errors.Is(err, poolctl.ErrNotMember) || errors.Is(err, poolctl.ErrRegistryBehind)
 }
 
 // Fenced reports whether the core is fenced now (for tests and status).

@@ -106,6 +106,27 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		// Issue 22: a renewal refused because the registry went back in
+		// time (a failover lost commits this member saw) stops delivery
+		// as a lost lease does, and the member joins again.
+		name: "a renewal refused as behind fences the member",
+		script: func(h *harness) {
+			h.holding(1)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			r := take[Renew](h)
+			h.step(RenewReply{Req: r.Req, Err: &poolctl.RegistryBehindError{Topology: "t", Seq: 12, Seen: 25,
+				Reason: "a client has seen a later sequence"}})
+			h.stopped("0.0")
+			if !h.c.Fenced() {
+				h.fail("not fenced after a renewal refused as behind")
+			}
+			h.advance(time.Second)
+			h.step(Timer{})
+			h.join(2, map[string]int64{"0.0": 2})
+		},
+	},
+	{
 		// Defect 4: an acknowledgement sent under incarnation 1 that
 		// returns after the rejoin does not count for incarnation 2.
 		name:   "a freeze acknowledgement counts only for its incarnation",
