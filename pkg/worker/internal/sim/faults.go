@@ -321,16 +321,15 @@ func (w *world) alone(p *process) bool {
 }
 
 // nameHeldByLive reports whether a process that is not dead holds the
-// registry's current incarnation of name.
+// registry's current incarnation of name, or is still joining.
 func (w *world) nameHeldByLive(name string) bool {
 	snap, err := w.twin.Snapshot(context.Background(), topology)
 	must(err)
 	m := snap.Member(name)
-	if m == nil {
-		return false
-	}
 	for _, o := range w.byName[name] {
-		if !o.dead && o.inc == m.Incarnation {
+		// A live process still joining (a restart already under way)
+		// would be displaced by this one's join, or displace it.
+		if !o.dead && (o.inc == 0 || m != nil && o.inc == m.Incarnation) {
 			return true
 		}
 	}
