@@ -76,7 +76,10 @@ type Core struct {
 	// needConfirm: some claim's outcome is unknown, or units of an
 	// earlier incarnation wait to come home.
 	needConfirm bool
-	waiting     int
+	// staleRelease is c.seq when a release was last refused as stale: a
+	// confirmation asked before then must be asked again.
+	staleRelease uint64
+	waiting      int
 	// acked is the pending epoch acknowledged, and under which
 	// incarnation.
 	acked struct{ epoch, incarnation int64 }

@@ -116,8 +116,21 @@ func (c *Core) onRelease(e ReleaseReply) {
 			c.note(NoteCallFailed, u, 0, "release: "+err.Error())
 			continue
 		}
+		if err != nil {
+			// Refused as stale: the unit may still be this member's at a
+			// newer epoch (a confirmation re-homed it onto a new
+			// incarnation while the release was out). Forgotten here, it
+			// would stay with this live member for good: a confirmation
+			// tells, and brings it back to be handed over (found by the
+			// simulator, seed 98558).
+			c.needConfirm = true
+		}
 		c.note(NoteHandedOver, u, (c.now - x.handoverAt).Seconds(), "")
 		c.forget(u)
+		if err != nil {
+			// A confirmation asked before this forget does not count.
+			c.staleRelease = c.seq
+		}
 	}
 }
 

@@ -260,7 +260,7 @@ func (c *Core) onConfirm(e ConfirmReply) {
 		c.succeeded()
 		c.applyConfirmation(cl, e.Conf)
 		c.waiting = len(e.Conf.Waiting)
-		c.needConfirm = c.unsureSince(cl.seq)
+		c.needConfirm = c.unsureSince(cl.seq) || cl.seq < c.staleRelease
 		if c.recovery == recoverConfirm && cl.gen == c.fenceGen {
 			c.lift()
 		}

@@ -215,10 +215,11 @@ func (w *world) schedulePlan() {
 					w.tracef("fault %d: %s crashes, restarts after %s", i, p.id, time.Duration(f.dur))
 					w.kill(p)
 					w.s.after(f.dur, nil, func() {
-						// The kubelet restarts the pod's container; an older
-						// process still running under the name elsewhere
-						// (partitioned) keeps it instead, see replace.
-						if w.newest(name) == nil {
+						// The kubelet restarts the pod's container, unless a
+						// live process holds the name's current incarnation
+						// (an older process that regained it): a restart
+						// would displace a process still delivering.
+						if !w.nameHeldByLive(name) {
 							w.startProcess(name)
 						}
 					})
@@ -317,6 +318,22 @@ func (w *world) alone(p *process) bool {
 		}
 	}
 	return true
+}
+
+// nameHeldByLive reports whether a process that is not dead holds the
+// registry's current incarnation of name, or is still joining.
+func (w *world) nameHeldByLive(name string) bool {
+	snap, err := w.twin.Snapshot(context.Background(), topology)
+	must(err)
+	m := snap.Member(name)
+	for _, o := range w.byName[name] {
+		// A live process still joining (a restart already under way)
+		// would be displaced by this one's join, or displace it.
+		if !o.dead && (o.inc == 0 || m != nil && o.inc == m.Incarnation) {
+			return true
+		}
+	}
+	return false
 }
 
 // newest is the latest process started under name that is not dead.

@@ -12,7 +12,10 @@ func TestMutationsAreCaught(t *testing.T) {
 	rows := RunMutations(names, nil, MutationSeeds, nil)
 	t.Logf("\n%s", MutationTable(rows))
 	for _, r := range rows {
-		if r.Seeds == 0 {
+		switch why, known := Unreachable[r.Mutation]; {
+		case r.Seeds == 0 && known:
+			t.Logf("mutation %s survived %d seeds, as known: %s", r.Mutation, MutationSeeds, why)
+		case r.Seeds == 0:
 			t.Errorf("mutation %s survived %d seeds", r.Mutation, MutationSeeds)
 		}
 	}

@@ -75,9 +75,17 @@ func (pl *puller) prepare(unpin, reset bool) {
 		w.deliver(p, Event{Kind: EvPullerPrepared, Unit: pl.unit, Puller: pl.id})
 		pl.fetch()
 	}
-	if steps == 0 || p.cut(w.s.now) {
-		// Cut off: the UNPIN and RESET are lost; the pulls will be too.
+	if steps == 0 {
 		w.s.after(0, p, ready)
+		return
+	}
+	if p.cut(w.s.now) {
+		// Cut off from NATS: the UNPIN is asked again until NATS answers.
+		// A puller that pulled after a lost UNPIN would find the previous
+		// holder's pin and wait out the pinned TTL (2 minutes by default):
+		// the simulator found it (seed 30747), and pkg/worker's puller,
+		// which UNPINs once, should retry too.
+		w.s.after(200*ms, p, func() { pl.prepare(unpin, reset) })
 		return
 	}
 	w.s.after(w.s.between(100*1000, 3*ms), nil, func() {

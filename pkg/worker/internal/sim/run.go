@@ -81,6 +81,12 @@ func Run(cfg Config) (res Result) {
 	w.s.at(250*ms, nil, w.operatorStep)
 	for w.s.step(w.end) {
 	}
+	if w.s.stuck {
+		// Judged all the same, on the evidence so far: the storm may
+		// follow an earlier violation.
+		w.violate("event storm: %d events, %d at this one instant (a member asking for a timer at an instant already past, say, for ever)",
+			w.s.runs, w.s.sameInstant)
+	}
 	w.judge()
 	res = Result{Seed: cfg.Seed, Violations: w.fail, Injected: w.injected, Events: w.s.runs, Trace: w.trace,
 		FaultOrdinals: w.faultOrd, Planned: len(w.plan.list)}

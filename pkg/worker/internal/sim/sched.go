@@ -47,7 +47,18 @@ type sched struct {
 	q    eventHeap
 	seq  uint64
 	runs int // events run
+	// sameInstant counts events run at now: a member and the world
+	// answering each other at once for ever would never let time pass.
+	sameInstant int
+	stuck       bool
 }
+
+// maxSameInstant bounds the events at one virtual instant; maxEvents
+// bounds a run. A run that hits either is stopped and fails.
+const (
+	maxSameInstant = 10000
+	maxEvents      = 2000000
+)
 
 // at schedules fn at virtual instant t (never before now).
 func (s *sched) at(t int64, p *process, fn func()) {
@@ -71,6 +82,15 @@ func (s *sched) step(until int64) bool {
 			return false
 		}
 		heap.Pop(&s.q)
+		if e.at == s.now {
+			s.sameInstant++
+		} else {
+			s.sameInstant = 0
+		}
+		if s.sameInstant > maxSameInstant || s.runs > maxEvents {
+			s.stuck = true
+			return false
+		}
 		s.now = e.at
 		if p := e.proc; p != nil {
 			if p.dead {

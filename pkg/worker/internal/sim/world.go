@@ -235,7 +235,10 @@ func (w *world) perform(p *process, acts []Action) {
 			if pl := p.pullers[a.Unit]; pl != nil && (a.Puller == 0 || pl.id == a.Puller) {
 				pl.stop(mode, a.Timeout)
 			} else {
+				// No such puller runs (it stopped, or a newer one replaced
+				// it): report it stopped.
 				unit, id := a.Unit, a.Puller
+				w.tracef("%s stop of puller %d of %s, which does not run", p.id, id, unit)
 				w.s.after(0, p, func() { w.deliver(p, Event{Kind: EvPullerStopped, Unit: unit, Puller: id}) })
 			}
 		case ActProbe:

@@ -59,11 +59,18 @@ func main() {
 		})
 		fmt.Print(sim.MutationTable(rows))
 		fmt.Printf("(%d mutations in %s; seeds = the first failing seed + 1, searching from seed 0)\n", len(rows), time.Since(start).Round(time.Second))
+		failed := false
 		for _, r := range rows {
-			if r.Seeds == 0 {
+			switch why, known := sim.Unreachable[r.Mutation]; {
+			case r.Seeds == 0 && known:
+				fmt.Printf("known survivor %s: %s\n", r.Mutation, why)
+			case r.Seeds == 0:
 				fmt.Printf("FAIL: mutation %s survived %d seeds\n", r.Mutation, *budget)
-				os.Exit(1)
+				failed = true
 			}
+		}
+		if failed {
+			os.Exit(1)
 		}
 	default:
 		s := sim.Sweep{From: *from, Count: *seeds, Config: sim.Config{Mutation: *mutation, NewMember: newMember}}.Run()
