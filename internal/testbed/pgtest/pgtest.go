@@ -55,22 +55,29 @@ func New(tb testing.TB) *Server {
 	return s
 }
 
+// newDataDir finds the server binaries and the user to run them as, and
+// makes an empty data directory that user owns.
+func newDataDir(prefix string) (bin string, cred *syscall.Credential, dir string, err error) {
+	if bin, err = binDir(); err != nil {
+		return "", nil, "", err
+	}
+	if cred, err = serverCredential(); err != nil {
+		return "", nil, "", err
+	}
+	if dir, err = os.MkdirTemp("", prefix); err != nil {
+		return "", nil, "", fmt.Errorf("create PostgreSQL directory: %w", err)
+	}
+	if err = prepareDir(dir, cred); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, "", err
+	}
+	return bin, cred, dir, nil
+}
+
 // Start initialises a data directory and starts a server on a free port.
 func Start(ctx context.Context) (*Server, error) {
-	bin, err := binDir()
+	bin, cred, dir, err := newDataDir("shardkeeper-pg-")
 	if err != nil {
-		return nil, err
-	}
-	cred, err := serverCredential()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "shardkeeper-pg-")
-	if err != nil {
-		return nil, fmt.Errorf("create PostgreSQL directory: %w", err)
-	}
-	if err := prepareDir(dir, cred); err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
 	if err := initdb(ctx, bin, dir, cred); err != nil {

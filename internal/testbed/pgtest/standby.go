@@ -43,20 +43,8 @@ func (s *Server) StartStandby(ctx context.Context, from string) (*Server, error)
 	if err != nil {
 		return nil, fmt.Errorf("standby source %q: want host:port: %w", from, err)
 	}
-	bin, err := binDir()
+	bin, cred, dir, err := newDataDir("shardkeeper-pg-standby-")
 	if err != nil {
-		return nil, err
-	}
-	cred, err := serverCredential()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "shardkeeper-pg-standby-")
-	if err != nil {
-		return nil, fmt.Errorf("create standby directory: %w", err)
-	}
-	if err := prepareDir(dir, cred); err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pg_basebackup"),
