@@ -2,6 +2,7 @@ package poolctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -16,6 +17,24 @@ import (
 // lost a commit this client saw is found out within one renew interval,
 // and the commit trigger refuses a renewal on a changed timeline at once.
 func (p *PG) Renew(ctx context.Context, m MemberRef) (Lease, error) {
+	// A renewal whose statement snapshot predates a commit this client has
+	// already been told the sequence of (its notice comes while the commit
+	// completes) renews nothing and is refused as a conflict, though
+	// nothing is wrong: the registry_seq row's lock makes the same
+	// statement see the commit when it checks whether the registry is
+	// behind. A fresh statement sees it too, so ask again, a few times.
+	for attempt := 1; ; attempt++ {
+		l, err := p.renewOnce(ctx, m)
+		if !errors.Is(err, ErrConflict) || attempt == renewAttempts || ctx.Err() != nil {
+			return l, err
+		}
+	}
+}
+
+// renewAttempts bounds Renew's retries of a conflict.
+const renewAttempts = 3
+
+func (p *PG) renewOnce(ctx context.Context, m MemberRef) (Lease, error) {
 	var (
 		now     *time.Time
 		prm     nullParams

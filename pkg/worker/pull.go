@@ -77,14 +77,6 @@ func (p *puller) run() {
 	var cons jetstream.Consumer
 	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
 	for p.fetching() {
-		if !p.mayDeliver() {
-			// Fenced, or the claim moved on and the core has not stopped
-			// this puller yet: a pull now would take the pin the new
-			// holder just lifted (simulator seed 1896), so wait for the
-			// core's word instead.
-			backoff.wait(p.ctx, p.stopFetch)
-			continue
-		}
 		if cons == nil {
 			c, err := p.w.js.Consumer(p.ctx, p.ref.Stream, p.ref.Name)
 			if err != nil {
@@ -132,8 +124,8 @@ func (p *puller) prepare() bool {
 	if !p.mayDeliver() {
 		return false
 	}
-	if p.unpinFirst && !p.unpinUntilAnswered() {
-		return false
+	if p.unpinFirst {
+		w.unpin(p.ctx, p.unit)
 	}
 	if p.takeover {
 		if !p.mayDeliver() {
@@ -143,29 +135,6 @@ func (p *puller) prepare() bool {
 	}
 	w.post(member.PullerPrepared{Unit: p.unit, Puller: p.id})
 	return true
-}
-
-// unpinAttempts bounds the first pull's UNPIN retries: past them the pull
-// goes ahead and, at worst, waits out the old pin's TTL.
-const unpinAttempts = 6
-
-// unpinUntilAnswered lifts the consumer's pin before the first pull, asking
-// again while NATS does not answer: a lost UNPIN leaves the previous
-// holder's pin in place and this holder waiting for the pinned TTL
-// (simulator seed 30747). It reports false when the claim was lost
-// meanwhile.
-func (p *puller) unpinUntilAnswered() bool {
-	b := newBackoff(50*time.Millisecond, time.Second)
-	for range unpinAttempts {
-		if !p.mayDeliver() || p.ctx.Err() != nil {
-			return false
-		}
-		if p.w.unpin(p.ctx, p.unit) == nil {
-			return true
-		}
-		b.wait(p.ctx, p.stopFetch)
-	}
-	return p.mayDeliver()
 }
 
 // mayDeliver is the P1 check for this puller's unit and token.
