@@ -77,6 +77,14 @@ func (p *puller) run() {
 	var cons jetstream.Consumer
 	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
 	for p.fetching() {
+		if !p.mayDeliver() {
+			// Fenced, or the claim moved on and the core has not stopped
+			// this puller yet: a pull now would take the pin the new
+			// holder just lifted (simulator seed 1896), so wait for the
+			// core's word instead.
+			backoff.wait(p.ctx, p.stopFetch)
+			continue
+		}
 		if cons == nil {
 			c, err := p.w.js.Consumer(p.ctx, p.ref.Stream, p.ref.Name)
 			if err != nil {
@@ -124,8 +132,8 @@ func (p *puller) prepare() bool {
 	if !p.mayDeliver() {
 		return false
 	}
-	if p.unpinFirst {
-		w.unpin(p.ctx, p.unit)
+	if p.unpinFirst && !p.unpinUntilAnswered() {
+		return false
 	}
 	if p.takeover {
 		if !p.mayDeliver() {
@@ -135,6 +143,26 @@ func (p *puller) prepare() bool {
 	}
 	w.post(member.PullerPrepared{Unit: p.unit, Puller: p.id})
 	return true
+}
+
+// unpinUntilAnswered lifts the consumer's pin before the first pull, asking
+// again until NATS answers: a lost or failed UNPIN (a consumer leader
+// being elected, a server down) leaves the previous holder's pin in place
+// and this holder waiting for the pinned TTL (simulator seed 30747; chaos
+// scenario 6, where the leader is down 20s). It reports false when the
+// claim was lost or the puller stopped meanwhile.
+func (p *puller) unpinUntilAnswered() bool {
+	b := newBackoff(50*time.Millisecond, time.Second)
+	for p.fetching() {
+		if !p.mayDeliver() {
+			return false
+		}
+		if p.w.unpin(p.ctx, p.unit) == nil {
+			return true
+		}
+		b.wait(p.ctx, p.stopFetch)
+	}
+	return false
 }
 
 // mayDeliver is the P1 check for this puller's unit and token.

@@ -59,7 +59,7 @@ func (w *Worker) countTakeover(outcome, reason string) {
 // unpin lifts the unit's pinned client so the next pull is served at once.
 // UNPIN needs 2.11, which the version floor guarantees; a failure only
 // delays the holder until the pin times out.
-func (w *Worker) unpin(ctx context.Context, u ownership.Unit) {
+func (w *Worker) unpin(ctx context.Context, u ownership.Unit) error {
 	ref := w.consumerRef(u)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -70,6 +70,7 @@ func (w *Worker) unpin(ctx context.Context, u ownership.Unit) {
 	if err != nil {
 		w.log.V(1).Info("UNPIN failed", "unit", u.String(), "error", err.Error())
 	}
+	return err
 }
 
 // stream returns a handle on a partition stream, looked up once per
