@@ -30,7 +30,7 @@ func TestNoTrackedFileIsABinaryOrLarge(t *testing.T) {
 	root := repoRoot(t)
 	out, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
 	if err != nil {
-		t.Skipf("not a git work tree (%v): nothing to check", err)
+		t.Fatalf("git ls-files (the check needs a git work tree and git): %v", err)
 	}
 	var checked int
 	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
@@ -108,7 +108,7 @@ func TestBinaryContentTellsTextFromBinary(t *testing.T) {
 func TestGitignoreCoversEveryBinaryGoBuildMakes(t *testing.T) {
 	root := repoRoot(t)
 	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
+		t.Fatal("git is not installed: the check needs it")
 	}
 	mains := map[string]bool{} // directory, relative to root, slash-separated
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
