@@ -379,8 +379,8 @@ func activationMoves(to ownership.Topology) func(*failover) {
 	return func(f *failover) {
 		f.s.setShape(to)
 		sn := f.s.awaitRegistry("the new epoch active", 2*time.Minute, activeIs(to))
-		n := f.awaitLostClaims("claim under the new epoch", time.Minute, func(e poolctl.ClaimEvent) bool { return e.Under == sn.Active.Epoch })
-		f.moved = fmt.Sprintf("the activation of epoch %d (%s) and %d claims under it", sn.Active.Epoch, to, n)
+		n := f.awaitLostClaims("claim under the new epoch", time.Minute, func(e poolctl.ClaimEvent) bool { return e.Under == sn.Active.Number })
+		f.moved = fmt.Sprintf("the activation of epoch %d (%s) and %d claims under it", sn.Active.Number, to, n)
 		f.s.note("the lag carried %s", f.moved)
 	}
 }
