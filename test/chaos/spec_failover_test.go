@@ -105,6 +105,8 @@ type failover struct {
 	standbyEpochs map[int64]bool
 	// moved says what the lag carried, for the log.
 	moved string
+	// rolled: the variant rolled the pods (the operator deletes them).
+	rolled bool
 }
 
 func addrOf(s *pgtest.Server) string { return fmt.Sprintf("127.0.0.1:%d", s.Port) }
@@ -322,6 +324,7 @@ func (f *failover) awaitLostClaims(what string, timeout time.Duration, ok func(p
 // its units over, on the primary only.
 func drainMoves(f *failover) {
 	f.s.rollPods()
+	f.rolled = true
 	n := f.awaitLostClaims("handover", 2*time.Minute, func(e poolctl.ClaimEvent) bool { return e.Op == "handover" || e.Op == "release" })
 	// A little longer, so the new owners claim and deliver under tokens
 	// the standby never saw.
@@ -355,7 +358,23 @@ func rollCompletes(f *failover) {
 		return nil
 	})
 	s.note("the pod roll the failover interrupted completed")
-	s.expectNoPodDeletedHolding()
+}
+
+// expectNoPodDeletedHolding is scene.expectNoPodDeletedHolding on the
+// claim history as the clients lived it: a pod the operator deleted
+// during the lag had handed its units over on the lost primary.
+func (f *failover) expectNoPodDeletedHolding(events []poolctl.ClaimEvent) {
+	f.t.Helper()
+	dels := f.s.podDeletions()
+	if len(dels) == 0 {
+		f.t.Errorf("the operator deleted no pod: the roll under test never reached a deletion, so the check tested nothing")
+	}
+	for _, d := range dels {
+		if held := heldAt(events, d.ObjectRef.Name, d.Received); len(held) > 0 {
+			f.t.Errorf("the operator deleted pod %s at %s while its member held %v", d.ObjectRef.Name, d.Received.Format(time.RFC3339Nano), held)
+		}
+	}
+	f.s.note("the operator deleted %d pods; none held a unit when deleted (audit log vs the claim history as the clients lived it)", len(dels))
 }
 
 // crashMoves SIGKILLs a worker: its units are adopted or re-homed (by its
@@ -445,6 +464,9 @@ func (f *failover) judge(published map[string]ownership.Unit, ready, began time.
 		t.Fatal(err)
 	}
 	f.expectTokensOnce(claims, s.histories())
+	if f.rolled {
+		f.expectNoPodDeletedHolding(claims)
+	}
 	f.expectEpochsOnce(oldEpochs, s.epochHistory())
 
 	oldSink, err := fleettest.ReadSink(ctx, oldDSN)
