@@ -13,8 +13,12 @@ import (
 // epochsOnly is a HistoryReader with epochs alone.
 type epochsOnly []poolctl.EpochSpan
 
-func (e epochsOnly) ClaimHistory(context.Context, string) ([]poolctl.ClaimEvent, error) { return nil, nil }
-func (e epochsOnly) LeaseHistory(context.Context, string) ([]poolctl.LeaseEvent, error) { return nil, nil }
+func (e epochsOnly) ClaimHistory(context.Context, string) ([]poolctl.ClaimEvent, error) {
+	return nil, nil
+}
+func (e epochsOnly) LeaseHistory(context.Context, string) ([]poolctl.LeaseEvent, error) {
+	return nil, nil
+}
 func (e epochsOnly) EpochHistory(context.Context, string) ([]poolctl.EpochSpan, error) { return e, nil }
 func (e epochsOnly) PruneHistory(context.Context, string, time.Time) error             { return nil }
 
