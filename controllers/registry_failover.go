@@ -29,7 +29,7 @@ type seqRegistry interface {
 // number). Until then the reconcile fails: nothing the registry answers
 // may be acted on.
 func recoverBehindRegistry(ctx context.Context, r *ShardTopologyReconciler, s *scope) error {
-	sr, ok := s.reg.(seqRegistry)
+	sr, ok := seqRegistryOf(s.reg)
 	if !ok {
 		return nil
 	}
@@ -100,7 +100,7 @@ type durabilityReader interface {
 // RegistryDurable condition. A failed read leaves the condition as it was:
 // it describes configuration, which a transient error does not change.
 func readDurability(ctx context.Context, s *scope) {
-	dr, ok := s.reg.(durabilityReader)
+	dr, ok := durabilityReaderOf(s.reg)
 	if !ok {
 		return
 	}
@@ -110,4 +110,57 @@ func readDurability(ctx context.Context, s *scope) {
 		return
 	}
 	s.durability = &d
+}
+
+// seqRegistryOf is reg as a seqRegistry, looking through the deadline
+// wrapper every reconcile's registry has (boundRegistry): asserting on the
+// wrapper itself found nothing, so the operator never checked the sequence
+// nor recovered (chaos scenario 14 found it). The calls keep the wrapper's
+// deadline.
+func seqRegistryOf(reg poolctl.Registry) (seqRegistry, bool) {
+	b, ok := reg.(*boundedRegistry)
+	if !ok {
+		sr, ok := reg.(seqRegistry)
+		return sr, ok
+	}
+	if _, ok := b.inner.(seqRegistry); !ok {
+		return nil, false
+	}
+	return boundedSeq{b}, true
+}
+
+// durabilityReaderOf is reg as a durabilityReader, through the deadline
+// wrapper as seqRegistryOf.
+func durabilityReaderOf(reg poolctl.Registry) (durabilityReader, bool) {
+	b, ok := reg.(*boundedRegistry)
+	if !ok {
+		dr, ok := reg.(durabilityReader)
+		return dr, ok
+	}
+	if _, ok := b.inner.(durabilityReader); !ok {
+		return nil, false
+	}
+	return boundedSeq{b}, true
+}
+
+// boundedSeq runs the sequence and durability calls of a bounded
+// registry's inner registry under its deadline.
+type boundedSeq struct{ b *boundedRegistry }
+
+func (s boundedSeq) CheckSeq(ctx context.Context, topology string) (int64, error) {
+	return bounded(ctx, s.b, "CheckSeq", func(ctx context.Context) (int64, error) {
+		return s.b.inner.(seqRegistry).CheckSeq(ctx, topology)
+	})
+}
+
+func (s boundedSeq) Recover(ctx context.Context, topology string, seen poolctl.RecoverFloor, margin int64) (poolctl.Recovered, error) {
+	return bounded(ctx, s.b, "Recover", func(ctx context.Context) (poolctl.Recovered, error) {
+		return s.b.inner.(seqRegistry).Recover(ctx, topology, seen, margin)
+	})
+}
+
+func (s boundedSeq) ReadDurability(ctx context.Context) (poolctl.Durability, error) {
+	return bounded(ctx, s.b, "ReadDurability", func(ctx context.Context) (poolctl.Durability, error) {
+		return s.b.inner.(durabilityReader).ReadDurability(ctx)
+	})
 }

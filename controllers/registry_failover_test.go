@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -41,4 +43,54 @@ func TestComputeStatusSaysWhetherTheRegistryIsDurable(t *testing.T) {
 			t.Fatalf("RegistryDurable %+v after a reconcile that did not read it; want the last value kept", c)
 		}
 	})
+}
+
+// seqOnly is a registry with the sequence and durability calls alone.
+type seqOnly struct {
+	poolctl.Registry
+	checked int
+}
+
+func (r *seqOnly) CheckSeq(context.Context, string) (int64, error) { r.checked++; return 7, nil }
+func (r *seqOnly) Recover(ctx context.Context, _ string, _ poolctl.RecoverFloor, _ int64) (poolctl.Recovered, error) {
+	<-ctx.Done()
+	return poolctl.Recovered{}, ctx.Err()
+}
+func (r *seqOnly) ReadDurability(context.Context) (poolctl.Durability, error) {
+	return poolctl.Durability{Durable: true}, nil
+}
+
+// TestTheSequenceChecksSeeThroughTheDeadlineWrapper: every reconcile's
+// registry is bounded (boundRegistry); the failover checks must still find
+// the PostgreSQL registry's CheckSeq, Recover and ReadDurability beneath
+// it (they did not: the operator never recovered a registry that went
+// back in time), under the wrapper's deadline, and find nothing under a
+// registry without them.
+func TestTheSequenceChecksSeeThroughTheDeadlineWrapper(t *testing.T) {
+	inner := &seqOnly{}
+	reg := boundRegistry(inner, 50*time.Millisecond)
+	sr, ok := seqRegistryOf(reg)
+	if !ok {
+		t.Fatal("no sequence calls found beneath the deadline wrapper")
+	}
+	if seq, err := sr.CheckSeq(context.Background(), "t"); err != nil || seq != 7 || inner.checked != 1 {
+		t.Fatalf("CheckSeq through the wrapper: %d, %v (inner called %d times)", seq, err, inner.checked)
+	}
+	var te *RegistryTimeoutError
+	if _, err := sr.Recover(context.Background(), "t", poolctl.RecoverFloor{}, 0); !errors.As(err, &te) {
+		t.Fatalf("Recover of a registry that does not answer: %v, want the wrapper's timeout", err)
+	}
+	dr, ok := durabilityReaderOf(reg)
+	if !ok {
+		t.Fatal("no durability read found beneath the deadline wrapper")
+	}
+	if d, err := dr.ReadDurability(context.Background()); err != nil || !d.Durable {
+		t.Fatalf("ReadDurability through the wrapper: %+v, %v", d, err)
+	}
+	if _, ok := seqRegistryOf(boundRegistry(&hangingRegistry{}, time.Second)); ok {
+		t.Fatal("a registry without a sequence was taken for one")
+	}
+	if _, ok := durabilityReaderOf(boundRegistry(&hangingRegistry{}, time.Second)); ok {
+		t.Fatal("a registry without replication settings was taken for one")
+	}
 }

@@ -22,7 +22,7 @@ func scenarios() []specInput {
 		return specInput{ID: id, Name: name, CI: ci, From: shape(2, 4), Replicas: 3, Rate: 60, Act: act}
 	}
 	mid := shape(2, 8)
-	return []specInput{
+	return append([]specInput{
 		base("1", "operator killed at each step of a V change", true, operatorKilledAtEachStep([]stepKill{
 			{shape(2, 8), topologyv1.StepProvision},
 			{shape(2, 4), topologyv1.StepRetire},
@@ -57,7 +57,7 @@ func scenarios() []specInput {
 		// end of the session that added it (passing alone in 37s once);
 		// not analysed yet. make chaos still runs and judges it.
 		base("6", "NATS consumer leader killed during the unit's handover", false, natsLeaderKilledDuringHandover()),
-	}
+	}, failoverScenarios()...)
 }
 
 // shared gives scenario 13 the default subject prefix and a registry it

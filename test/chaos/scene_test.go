@@ -121,7 +121,11 @@ func newScene(t *testing.T, inf *infra, in specInput) *scene {
 		NATS: natsView{t: t, c: inf.nats}, PG: inf.pg, SubjectPrefix: prefix, RegistryDSN: in.RegistryDSN, RowPrefix: rowPrefix,
 		Assignment: natsops.ShardAssignment(in.Assignment),
 	})
-	s.proxy = faultproxy.New(t, fmt.Sprintf("127.0.0.1:%d", inf.pg.Port))
+	target := fmt.Sprintf("127.0.0.1:%d", inf.pg.Port)
+	if in.RegistryAddr != "" {
+		target = in.RegistryAddr
+	}
+	s.proxy = faultproxy.New(t, target)
 	s.fleet.ClientDSN = viaProxy(t, s.fleet.DSN, s.proxy.Addr())
 	ctx := context.Background()
 	if err := inf.k.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}); err != nil {

@@ -93,3 +93,31 @@ func (s *Server) Promote(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Restart starts a server again on the data directory of s after it
+// stopped (Kill): PostgreSQL runs crash recovery and comes up as a
+// primary on a new port, with every commit s had acknowledged (with
+// synchronous_commit on; off leaves the last WAL buffers to chance). A
+// failover test reads from it what the lost primary had issued, which the
+// promoted standby never got. The directory stays s's, removed by s.Stop
+// after the restarted server's own Stop.
+func (s *Server) Restart(ctx context.Context) (*Server, error) {
+	select {
+	case <-s.done:
+	default:
+		return nil, fmt.Errorf("restart PostgreSQL: postmaster %d is still running", s.Pid())
+	}
+	bin, err := binDir()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	st, err := startServer(ctx, bin, s.dir, cred)
+	if err != nil {
+		return nil, fmt.Errorf("restart PostgreSQL on %s: %w", s.dir, err)
+	}
+	return st, nil
+}
