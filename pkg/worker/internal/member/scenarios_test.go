@@ -1,6 +1,7 @@
 package member
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -171,33 +172,104 @@ var scenarios = []scenario{
 		},
 	},
 	{
-		// Defect 6: displaced by a later process under the same name,
-		// the member waits while that process is live, then joins.
-		name:   "a displaced process does not rejoin while the process that displaced it lives",
+		// Defect 6: displaced by a later process under the same name
+		// (the registry refuses the rejoin, naming another process), the
+		// member gives up for good: the name is the later process's.
+		name:   "a process displaced by another process under its name gives up and does not take the name back",
 		breaks: []Mutation{StaleIncarnationRejoinsAtOnce},
 		script: func(h *harness) {
-			h.holding(1)
+			r := h.registry()
+			h.step(Tick{})
+			if _, err := h.rejoin(r, take[Join](h)); err != nil {
+				h.fail("setup: first join refused: %v", err)
+			}
+			h.confirm(nil)
+			// The pod's replacement (another process) joins while this
+			// one's lease is live: it takes the name.
+			later, err := r.Rejoin(context.Background(), poolctl.MemberRef{Topology: topoName, Member: me}, "w-0/proc-b")
+			if err != nil {
+				h.fail("setup: the later process's join refused: %v", err)
+			}
 			h.advance(3 * time.Second)
 			h.step(Timer{})
-			r := take[Renew](h)
-			acts := h.step(RenewReply{Req: r.Req, Err: poolctl.ErrStaleIncarnation})
-			// It gives up for good: the name is the later process's.
-			var gaveUp bool
-			for _, a := range acts {
-				if d, ok := a.(Done); ok && errors.Is(d.Err, poolctl.ErrStaleIncarnation) {
-					gaveUp = true
-				}
+			rn := take[Renew](h)
+			_, err = r.Renew(context.Background(), rn.Ref)
+			if !errors.Is(err, poolctl.ErrStaleIncarnation) {
+				h.fail("setup: renewal of the superseded incarnation answered %v, want ErrStaleIncarnation", err)
 			}
-			if !gaveUp {
-				h.fail("displaced, but it did not give up")
+			h.step(RenewReply{Req: rn.Req, Err: err})
+			j := take[Join](h)
+			if j.Process != myProcess {
+				h.fail("rejoined as process %q, want %q", j.Process, myProcess)
+			}
+			if _, err := h.rejoin(r, j); err == nil {
+				h.fail("took the name back from the later process's live incarnation %d", later.Incarnation)
+			}
+			if !h.c.fenced || h.c.phase != phaseDone {
+				h.fail("displaced by another process, but it did not give up (fenced=%v)", h.c.fenced)
 			}
 			for range 20 {
 				h.advance(time.Second)
 				h.step(Timer{})
 				h.step(Tick{})
 				if has[Join](h) {
-					h.fail("joined again at %v after a later process under this name displaced it", h.now)
+					h.fail("joined again at %v after another process under this name displaced it", h.now)
 				}
+			}
+		},
+	},
+	{
+		// Issue 20: the member's join timed out and it joined again; the
+		// first join then committed, after the second, and took a later
+		// incarnation than the one the member holds. That incarnation is
+		// this process's own: the member rejoins (the registry grants it,
+		// for it names the same process) and carries on, rather than
+		// taking itself for displaced and exiting.
+		name:   "the member's own delayed join does not displace it",
+		breaks: []Mutation{StaleIncarnationGivesUp},
+		script: func(h *harness) {
+			r := h.registry()
+			h.step(Tick{})
+			late := take[Join](h)
+			h.advance(testParams.QueryBound)
+			h.step(JoinReply{Req: late.Req, Err: errLost}) // timed out; still on its way
+			h.advance(time.Second)
+			h.step(Timer{})
+			retry := take[Join](h)
+			first, err := h.rejoin(r, retry)
+			if err != nil {
+				h.fail("setup: the retried join refused: %v", err)
+			}
+			h.holdingFrom(first.Incarnation)
+			// The first join reaches the registry now and commits; its
+			// reply finds nobody waiting.
+			own, err := r.Rejoin(context.Background(), late.Ref, late.Process)
+			if err != nil || own.Incarnation <= first.Incarnation {
+				h.fail("setup: the late join did not take a later incarnation: %+v, %v", own, err)
+			}
+			h.step(JoinReply{Req: late.Req, Lease: own})
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			rn := take[Renew](h)
+			_, err = r.Renew(context.Background(), rn.Ref)
+			if !errors.Is(err, poolctl.ErrStaleIncarnation) {
+				h.fail("setup: renewal of the superseded incarnation answered %v, want ErrStaleIncarnation", err)
+			}
+			if acts := h.step(RenewReply{Req: rn.Req, Err: err}); gaveUp(acts, err) || h.c.phase == phaseDone {
+				h.fail("gave up when the incarnation that superseded it was its own late join")
+			}
+			j := take[Join](h)
+			if j.Ref.Incarnation != first.Incarnation || j.Process != myProcess {
+				h.fail("rejoined naming incarnation %d as %q, want %d as %q", j.Ref.Incarnation, j.Process, first.Incarnation, myProcess)
+			}
+			again, err := h.rejoin(r, j)
+			if err != nil {
+				h.fail("the registry refused the rejoin: %v", err)
+			}
+			h.confirm(map[string]int64{"0.0": 1})
+			if h.c.fenced || h.c.incarnation() != again.Incarnation || !h.delivering("0.0", 1) {
+				h.fail("after rejoining as incarnation %d: fenced=%v incarnation=%d delivering 0.0=%v",
+					again.Incarnation, h.c.fenced, h.c.incarnation(), h.delivering("0.0", 1))
 			}
 		},
 	},
