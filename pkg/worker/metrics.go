@@ -20,15 +20,15 @@ type metrics struct {
 	// settled holds rowsSettled's child per Settlement, looked up once:
 	// hashing the label on every row is a per-row cost plain consumers
 	// do not pay.
-	settled         [Abandon + 1]prometheus.Counter
-	rowsWithheld    prometheus.Counter
-	drainNaks       prometheus.Counter
-	pendingRows     prometheus.Gauge
-	redeliveries    prometheus.Counter
-	takeovers       *prometheus.CounterVec
-	fetchErrors     *prometheus.CounterVec
+	settled      [Abandon + 1]prometheus.Counter
+	rowsWithheld prometheus.Counter
+	drainNaks    prometheus.Counter
+	pendingRows  prometheus.Gauge
+	redeliveries prometheus.Counter
+	takeovers    *prometheus.CounterVec
+	fetchErrors  *prometheus.CounterVec
 	// fetchErrs holds fetchErrors' child per reason, looked up once.
-	fetchErrs map[string]prometheus.Counter
+	fetchErrs       map[string]prometheus.Counter
 	handoverSeconds prometheus.Histogram
 }
 
