@@ -470,6 +470,57 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		// Issue 20 defect 1, in virtual time (pkg/worker's
+		// TestRenewalsContinueWhileAHandoverDrains needs the machine to
+		// answer renewals of a 2s lease in time): a handover whose drain
+		// outlasts the lease twice over keeps the lease renewed and never
+		// fences the member.
+		name: "renewals continue while a handover's drain outlasts the lease",
+		script: func(h *harness) {
+			h.holding(1)
+			h.tick(snapshot(1, 1, true, 0))
+			take[DrainPuller](h)
+			renewUntil(h, h.now+2*testParams.LeaseTTL)
+			if h.c.fenced || h.c.incarnation() != 1 {
+				h.fail("fenced=%v incarnation=%d after a drain of %v", h.c.fenced, h.c.incarnation(), 2*testParams.LeaseTTL)
+			}
+			h.stopped("0.0")
+			u := take[Unpin](h)
+			h.step(UnpinDone{Req: u.Req})
+			if r := take[Release](h); len(r.Tokens) != 1 || r.Tokens[0] != tok("0.0", 1) {
+				h.fail("released %v, want 0.0 at epoch 1", r.Tokens)
+			}
+		},
+	},
+	{
+		// The shutdown half: a graceful stop whose drain outlasts the
+		// lease keeps renewing until the member has left, instead of
+		// falling into the crash path.
+		name: "a shutdown whose drain outlasts the lease keeps renewing and leaves",
+		script: func(h *harness) {
+			h.holding(1)
+			h.step(Shutdown{})
+			take[DrainPuller](h)
+			renewUntil(h, h.now+2*testParams.LeaseTTL)
+			h.stopped("0.0")
+			u := take[Unpin](h)
+			h.step(UnpinDone{Req: u.Req})
+			r := take[Release](h)
+			h.step(ReleaseReply{Req: r.Req, Errs: make([]error, len(r.Tokens))})
+			l := take[Leave](h)
+			acts := h.step(LeaveReply{Req: l.Req})
+			for _, a := range acts {
+				if d, ok := a.(Done); ok {
+					if d.Err != nil {
+						h.fail("left with %v", d.Err)
+					}
+					return
+				}
+			}
+			h.fail("no Done after the leave succeeded")
+		},
+	},
+	{
 		// Suspected: a release whose reply was lost is retried with the
 		// same token and never UNPINs again (the unit may have a new
 		// holder by then).
