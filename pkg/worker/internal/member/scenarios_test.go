@@ -493,6 +493,37 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		// Found by the chaos suite (a registry unreachable for 30s), in
+		// virtual time (pkg/worker's TestAMemberRetriesTheRegistryWithinTheGrace
+		// measures the gaps on the wall clock of a possibly loaded
+		// machine): while the registry does not answer, the member asks
+		// again within half a renew interval of each failure, fenced or
+		// not, so it renews or rejoins within the grace after an outage,
+		// before the first member back may adopt its units.
+		name: "a member retries the registry within half a renew interval while it does not answer",
+		script: func(h *harness) {
+			h.holding(1)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			for i := range 12 {
+				r := take[Renew](h)
+				h.advance(testParams.QueryBound)
+				h.step(RenewReply{Req: r.Req, Err: errLost})
+				failedAt := h.now
+				for !has[Renew](h) {
+					if h.c.timerAt < 0 || h.c.timerAt-failedAt > testParams.RenewInterval/2 {
+						h.fail("after failed renewal %d no retry within %v (timer at %v)", i+1, testParams.RenewInterval/2, h.c.timerAt-failedAt)
+					}
+					h.now = h.c.timerAt
+					h.step(Timer{})
+				}
+			}
+			if !h.c.fenced {
+				h.fail("setup: not fenced after %v of failed renewals", 12*testParams.QueryBound)
+			}
+		},
+	},
+	{
 		// The shutdown half: a graceful stop whose drain outlasts the
 		// lease keeps renewing until the member has left, instead of
 		// falling into the crash path.
