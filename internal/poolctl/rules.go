@@ -197,6 +197,24 @@ type joinDecision struct {
 	// LiftsFence says the join lifts a fence (the earlier incarnation was
 	// fenced or its lease lapsed): Row.FenceLiftedAt is the join's time.
 	LiftsFence bool
+	// Own, when set, is the caller's process's own live incarnation,
+	// later than the one the caller names: the join renews it (as Renew
+	// does) and returns it instead of starting another (ownIncarnation).
+	Own *memberRow
+}
+
+// ownIncarnation reports the live incarnation that the calling process
+// already holds, later than the one it names: its own join that reached
+// the registry after it had given up on it and joined again, or one whose
+// reply was lost. A join by that process then renews it rather than
+// starting a new one: a new incarnation would supersede the one the
+// process delivers under (its renewal refused as stale only a renew
+// interval later, its deliveries meanwhile outside its claim: simulator
+// seeds 10819, 20380 once late joins commit), and the late join's reply
+// finds nobody waiting anyway.
+func ownIncarnation(ref MemberRef, process string, cur *memberRow, now time.Time) bool {
+	return cur != nil && process != "" && cur.Process == process && !cur.Left && cur.live(now) &&
+		cur.Incarnation > ref.Incarnation
 }
 
 // decideJoin applies the membership rules to one view. A rejoin (the
@@ -210,6 +228,9 @@ func decideJoin(ref MemberRef, rejoin bool, process string, v joinView) (joinDec
 		}
 	}
 	if rejoin {
+		if ownIncarnation(ref, process, prev, v.Now) {
+			return joinDecision{Prev: prev, Own: prev}, nil
+		}
 		if err := checkDisplaced(ref, process, prev); err != nil {
 			return joinDecision{}, err
 		}

@@ -62,11 +62,12 @@ func (r *lateFirstJoin) Rejoin(ctx context.Context, m poolctl.MemberRef, process
 }
 
 // Issue 20: the worker's first join times out and it joins again; the
-// first join then reaches the registry and commits under a later
-// incarnation. That incarnation is this process's own: the worker's next
-// renewal is refused as superseded, it rejoins naming its process, and
-// carries on holding and delivering. Before, it took itself for displaced
-// by another process and Run returned an error. checks P3
+// first join then reaches the registry. It names the same process, whose
+// incarnation is live: the registry renews that incarnation instead of
+// starting a later one, and the worker is never superseded. Before, the
+// worker joined with Join, the late join took a later incarnation, the
+// worker's next renewal was refused as stale, and it took itself for
+// displaced by another process: Run returned an error. checks P3
 func TestAWorkersOwnLateJoinDoesNotDisplaceIt(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
 	lj := &lateFirstJoin{armed: true, granted: make(chan poolctl.Lease, 1), ran: make(chan struct{})}
@@ -83,11 +84,12 @@ func TestAWorkersOwnLateJoinDoesNotDisplaceIt(t *testing.T) {
 	lj.mu.Lock()
 	late, lateErr := lj.late, lj.lateErr
 	lj.mu.Unlock()
-	// The fault took effect: the late join committed under a later
-	// incarnation than the one the worker had been granted.
+	// The fault took effect: the late join reached the registry after the
+	// retry was granted, and was answered with that incarnation.
 	if lateErr != nil || late.Incarnation == 0 {
-		t.Fatalf("setup: the late join did not commit: %+v, %v", late, lateErr)
+		t.Fatalf("setup: the late join failed: %+v, %v", late, lateErr)
 	}
+	rows := f.PublishBurst([]ownership.Unit{{Partition: 0, Shard: 0}, {Partition: 0, Shard: 1}}, 50)
 	fleettest.Eventually(t, 60*time.Second, func() error {
 		select {
 		case err := <-s.done:
@@ -96,22 +98,24 @@ func TestAWorkersOwnLateJoinDoesNotDisplaceIt(t *testing.T) {
 		default:
 		}
 		st := s.w.Status()
-		if st.Incarnation <= late.Incarnation || st.Fenced || len(st.Held) != 2 {
-			return fmt.Errorf("incarnation %d (the late join's %d), fenced %v, holding %v",
-				st.Incarnation, late.Incarnation, st.Fenced, st.Held)
+		if st.Fenced || len(st.Held) != 2 {
+			return fmt.Errorf("incarnation %d, fenced %v, holding %v", st.Incarnation, st.Fenced, st.Held)
 		}
-		return nil
-	})
-	if n := s.counter(t, "shardkeeper_worker_joins_total"); n < 2 {
-		t.Fatalf("joins_total %v: the worker never rejoined after the late join", n)
-	}
-	rows := f.PublishBurst([]ownership.Unit{{Partition: 0, Shard: 0}, {Partition: 0, Shard: 1}}, 50)
-	fleettest.Eventually(t, 30*time.Second, func() error {
 		if n := len(s.records(history.KindAck, "")); n < len(rows) {
 			return fmt.Errorf("acked %d of %d rows", n, len(rows))
 		}
 		return nil
 	})
+	if st := s.w.Status(); st.Incarnation != late.Incarnation {
+		t.Fatalf("the worker's incarnation is %d; the late join was answered with %d, want the same (renewed, not superseded)",
+			st.Incarnation, late.Incarnation)
+	}
+	if n := s.counter(t, "shardkeeper_worker_joins_total"); n != 1 {
+		t.Fatalf("joins_total %v, want 1: the late join superseded the worker's incarnation", n)
+	}
+	if n := s.counter(t, "shardkeeper_worker_fences_total"); n != 0 {
+		t.Fatalf("fences_total %v, want 0", n)
+	}
 	select {
 	case err := <-s.done:
 		t.Fatalf("Run returned by itself: %v", err)

@@ -220,10 +220,12 @@ var scenarios = []scenario{
 	},
 	{
 		// Issue 20: the member's join timed out and it joined again; the
-		// first join then committed, after the second, and took a later
-		// incarnation than the one the member holds. That incarnation is
-		// this process's own: the member rejoins (the registry grants it,
-		// for it names the same process) and carries on, rather than
+		// first join then reached the registry while the member was
+		// paused past its lease, and took a later incarnation (a join that
+		// finds the process's own incarnation live renews it instead).
+		// That incarnation is this process's own: the member's renewal is
+		// refused as stale, it rejoins naming its process, the registry
+		// hands it that incarnation, and it carries on, rather than
 		// taking itself for displaced and exiting.
 		name:   "the member's own delayed join does not displace it",
 		breaks: []Mutation{StaleIncarnationGivesUp},
@@ -235,21 +237,25 @@ var scenarios = []scenario{
 			h.step(JoinReply{Req: late.Req, Err: errLost}) // timed out; still on its way
 			h.advance(time.Second)
 			h.step(Timer{})
-			retry := take[Join](h)
-			first, err := h.rejoin(r, retry)
+			first, err := h.rejoin(r, take[Join](h))
 			if err != nil {
 				h.fail("setup: the retried join refused: %v", err)
 			}
 			h.holdingFrom(first.Incarnation)
-			// The first join reaches the registry now and commits; its
-			// reply finds nobody waiting.
+			// Landing now, while the process's incarnation is live, the
+			// late join only renews it.
+			if l, err := r.Rejoin(context.Background(), late.Ref, late.Process); err != nil || l.Incarnation != first.Incarnation {
+				h.fail("the late join, landing while the process's incarnation %d is live: %+v, %v; want that incarnation renewed",
+					first.Incarnation, l, err)
+			}
+			// The process is paused past its lease; the late join lands
+			// again (a second copy) and takes a later incarnation.
+			h.advance(testParams.LeaseTTL + time.Second)
 			own, err := r.Rejoin(context.Background(), late.Ref, late.Process)
 			if err != nil || own.Incarnation <= first.Incarnation {
 				h.fail("setup: the late join did not take a later incarnation: %+v, %v", own, err)
 			}
-			h.step(JoinReply{Req: late.Req, Lease: own})
-			h.advance(3 * time.Second)
-			h.step(Timer{})
+			h.step(Timer{}) // resumes: fenced, renews
 			rn := take[Renew](h)
 			_, err = r.Renew(context.Background(), rn.Ref)
 			if !errors.Is(err, poolctl.ErrStaleIncarnation) {
@@ -263,13 +269,13 @@ var scenarios = []scenario{
 				h.fail("rejoined naming incarnation %d as %q, want %d as %q", j.Ref.Incarnation, j.Process, first.Incarnation, myProcess)
 			}
 			again, err := h.rejoin(r, j)
-			if err != nil {
-				h.fail("the registry refused the rejoin: %v", err)
+			if err != nil || again.Incarnation != own.Incarnation {
+				h.fail("the rejoin: %+v, %v; want its own incarnation %d", again, err, own.Incarnation)
 			}
 			h.confirm(map[string]int64{"0.0": 1})
-			if h.c.fenced || h.c.incarnation() != again.Incarnation || !h.delivering("0.0", 1) {
+			if h.c.fenced || h.c.incarnation() != own.Incarnation || !h.delivering("0.0", 1) {
 				h.fail("after rejoining as incarnation %d: fenced=%v incarnation=%d delivering 0.0=%v",
-					again.Incarnation, h.c.fenced, h.c.incarnation(), h.delivering("0.0", 1))
+					own.Incarnation, h.c.fenced, h.c.incarnation(), h.delivering("0.0", 1))
 			}
 		},
 	},
