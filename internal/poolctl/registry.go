@@ -44,7 +44,10 @@ type Registry interface {
 	// lease: it is the old pod's process, must not deliver, and should
 	// stop. A later incarnation granted to the same process (a join of its
 	// own that reached the registry after the caller gave up on it, or a
-	// Rejoin whose reply was lost) does not displace it. For
+	// Rejoin whose reply was lost) does not displace it: while it is live,
+	// Rejoin renews it (as Renew does) and returns it, rather than start
+	// another that would supersede the one the process delivers under;
+	// once it lapsed, Rejoin proceeds as Join does. For
 	// m.Incarnation 0 Rejoin proceeds as Join does. An incarnation that
 	// Renew, Fence or ConfirmOwned refuse with ErrStaleIncarnation may have
 	// been displaced: Rejoin tells the caller whether it was.
