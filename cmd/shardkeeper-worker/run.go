@@ -174,8 +174,8 @@ func serveHTTP(addr string, w *worker.Worker, reg *prometheus.Registry) (*http.S
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
 	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
-		if !w.Ready() {
-			http.Error(rw, "not ready: no lease or fenced", http.StatusServiceUnavailable)
+		if err := w.Readiness(); err != nil {
+			http.Error(rw, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(rw, "ok")

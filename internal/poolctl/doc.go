@@ -113,10 +113,11 @@
 //     would otherwise take the name from each other at every renewal, each
 //     join restarting the same-name grace, so the re-home never came
 //     (issue 20, defect 6): Rejoin refuses (ErrDisplaced) a process whose
-//     incarnation a later one, granted to another process, superseded
-//     while that one is live. The newer process keeps the name; the
-//     displaced one stops or waits. An incarnation granted to the caller's
-//     own process (a Rejoin whose reply was lost) does not displace it. Leave refuses while the
+//     incarnation a later one, granted to another process, superseded,
+//     whether that one is still live or not. The newer process keeps the
+//     name; the displaced one stops. An incarnation granted to the
+//     caller's own process (a join of its own that arrived after it gave
+//     up on it, or whose reply was lost) does not displace it. Leave refuses while the
 //     member holds any claim (ErrStillHolding); it never releases silently.
 //     Join and Renew return the topology's Params with the lease, so a
 //     member knows its fence margin from its first lease.

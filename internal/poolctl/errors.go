@@ -107,15 +107,15 @@ func (e *StaleEpochError) Is(target error) bool { return target == ErrStaleEpoch
 
 // DisplacedError refuses a Rejoin by a process that another process under
 // the same member name (pod name) has displaced: it joined after this
-// process's incarnation and its lease is live.
+// process's incarnation. The refusal is for good: the caller is the old
+// pod's process.
 type DisplacedError struct {
 	Member string
 	// Incarnation is the caller's (the one Rejoin was given), Current the
 	// later incarnation that holds the name.
 	Incarnation, Current int64
 	// LiveUntil is the current incarnation's lease expiry on the
-	// registry's clock: a Rejoin before then is refused again unless that
-	// incarnation leaves.
+	// registry's clock (in the past when it lapsed), for the log.
 	LiveUntil time.Time
 }
 

@@ -11,9 +11,9 @@ import (
 // partitioned old pod that heals after its replacement started) must not
 // take the name from each other in turn, or the same-name re-home never
 // comes. The newer process keeps the name; the older one is refused
-// (ErrDisplaced) at every try while the newer one is live, and gets it back
-// only once the newer one is gone. Both behave as workers do: renew every
-// interval, rejoin when the renewal is refused. checks P1, P5
+// (ErrDisplaced) at every try, also once the newer one is gone (it is the
+// old pod's process). Both behave as workers do: renew every interval,
+// rejoin when the renewal is refused. checks P1, P5
 func TestTwoProcessesUnderOneNameDoNotLivelock(t *testing.T) {
 	forBackends(t, func(t *testing.T, r testRegistry) {
 		ctx := context.Background()
@@ -65,20 +65,26 @@ func TestTwoProcessesUnderOneNameDoNotLivelock(t *testing.T) {
 		}
 
 		// The newer process's rejoin after a lost reply is its own, not a
-		// displacement; a fresh process (incarnation 0) takes the name.
+		// displacement: it is handed the incarnation the lost reply
+		// carried.
 		lost, err := r.Rejoin(ctx, cur.MemberRef, "a#2")
 		must(t, err)
 		again, err := r.Rejoin(ctx, cur.MemberRef, "a#2")
 		must(t, err)
-		if again.Incarnation <= lost.Incarnation {
-			t.Fatalf("rejoin after a lost reply: incarnation %d after %d", again.Incarnation, lost.Incarnation)
+		if again.Incarnation != lost.Incarnation {
+			t.Fatalf("rejoin after a lost reply: incarnation %d, want the lost reply's %d, renewed", again.Incarnation, lost.Incarnation)
 		}
-		// Once the newer process is gone, the old one may come back.
+		// Once the newer process is gone, the old one still does not come
+		// back: the pod's next process (a first join) or the newer one's
+		// own rejoin would take the name from it while it delivers
+		// (simulator seed 9064). The pod's next process takes the name.
 		must(t, r.ShiftClock(ctx, topo, testParams.LeaseTTL+time.Second))
-		back, err := r.Rejoin(ctx, old.MemberRef, "a#1")
+		_, err = r.Rejoin(ctx, old.MemberRef, "a#1")
+		wantErr(t, "rejoin of the old process after the newer one lapsed", err, ErrDisplaced)
+		next, err := r.Rejoin(ctx, MemberRef{Topology: topo, Member: "a"}, "a#3")
 		must(t, err)
-		if back.Incarnation <= again.Incarnation {
-			t.Fatalf("old process back at incarnation %d, after %d", back.Incarnation, again.Incarnation)
+		if next.Incarnation <= again.Incarnation {
+			t.Fatalf("the pod's next process joined at incarnation %d, after %d", next.Incarnation, again.Incarnation)
 		}
 	})
 }
@@ -154,5 +160,50 @@ func TestConfirmOwnedDoesNotRehomeWhileAnEpochIsPending(t *testing.T) {
 		if len(conf.Held) != 1 || conf.Held["0.0"].Epoch != 2 || len(conf.Waiting) != 0 {
 			t.Fatalf("confirm once epoch %d is active: %+v", e, conf)
 		}
+	})
+}
+
+// Issue 20: a process's join that reaches the registry after the process
+// gave up on it and joined again (or whose reply was lost) names the same
+// process. While that process's incarnation is live the join renews it
+// rather than starting a later one, which would supersede the incarnation
+// the process delivers under. Once it lapsed, the late join starts a new
+// incarnation, and the process's rejoin (naming the one it held) is handed
+// that one, not refused as displaced. checks P1
+func TestAProcesssOwnLateJoinRenewsItsLiveIncarnation(t *testing.T) {
+	forBackends(t, func(t *testing.T, r testRegistry) {
+		ctx := context.Background()
+		topo := newTopology(t, r, testParams, 1, 4)
+		name := MemberRef{Topology: topo, Member: "a"}
+		cur, err := r.Rejoin(ctx, name, "a#1") // the retry, granted first
+		must(t, err)
+		must(t, r.ShiftClock(ctx, topo, time.Second))
+		late, err := r.Rejoin(ctx, name, "a#1") // the first join, late
+		must(t, err)
+		if late.Incarnation != cur.Incarnation || !late.ExpiresAt.After(cur.ExpiresAt) {
+			t.Fatalf("late join while incarnation %d is live: %+v, want it renewed", cur.Incarnation, late)
+		}
+		_, err = r.Renew(ctx, cur.MemberRef)
+		must(t, err)
+
+		// Lapsed: the late join starts a new incarnation, and the
+		// process's rejoin is handed it.
+		must(t, r.ShiftClock(ctx, topo, testParams.LeaseTTL+time.Second))
+		newer, err := r.Rejoin(ctx, name, "a#1")
+		must(t, err)
+		if newer.Incarnation <= cur.Incarnation {
+			t.Fatalf("late join after the lapse: incarnation %d, want above %d", newer.Incarnation, cur.Incarnation)
+		}
+		_, err = r.Renew(ctx, cur.MemberRef)
+		wantErr(t, "renewal of the superseded incarnation", err, ErrStaleIncarnation)
+		back, err := r.Rejoin(ctx, cur.MemberRef, "a#1")
+		must(t, err)
+		if back.Incarnation != newer.Incarnation {
+			t.Fatalf("rejoin of the process: incarnation %d, want its own %d", back.Incarnation, newer.Incarnation)
+		}
+		// Another process's rejoin naming an earlier incarnation is
+		// still displaced.
+		_, err = r.Rejoin(ctx, cur.MemberRef, "a#2")
+		wantErr(t, "rejoin by another process", err, ErrDisplaced)
 	})
 }

@@ -10,6 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// A Rejoin by the process that already holds a later, live incarnation
+// (its own join that arrived late, or one whose reply was lost) renews that
+// incarnation through Renew instead of starting another (ownIncarnation).
+//
 // Join and Rejoin take two round trips and hold no lock across either, as
 // claim batches do (pg_claims.go): one read without locks, the decision in
 // Go by the rules the twin applies (checkDisplaced, pickSlot, joinRow),
@@ -102,34 +106,65 @@ func (p *PG) join(ctx context.Context, ref MemberRef, rejoin bool, process strin
 	if ref.Member == "" {
 		return Lease{}, fmt.Errorf("join: empty member name: %w", ErrInvalid)
 	}
-	conn, err := p.pool.Acquire(ctx)
-	if err != nil {
-		return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
-	}
-	defer conn.Release()
 	for attempt := 1; attempt <= maxJoinAttempts; attempt++ {
-		v, err := readJoinView(ctx, conn, ref.Topology)
+		l, own, applied, err := p.joinOnce(ctx, ref, rejoin, process)
 		if err != nil {
-			return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
-		}
-		if testHookJoinRead != nil {
-			testHookJoinRead()
-		}
-		d, err := decideJoin(ref, rejoin, process, v)
-		if err != nil {
-			return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
-		}
-		expires, applied, err := writeJoin(ctx, conn, ref, v, d)
-		if err != nil {
-			rollback(ctx, conn)
 			return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
 		}
 		if applied {
-			return Lease{MemberRef: MemberRef{Topology: ref.Topology, Member: ref.Member, Incarnation: v.NextInc},
-				Slot: d.Row.Slot, TTL: v.Params.LeaseTTL, ExpiresAt: expires, Params: v.Params}, nil
+			return l, nil
+		}
+		if own == 0 {
+			continue
+		}
+		// The process's own live incarnation: renew it (with the join's
+		// connection back in the pool). A renewal refused because it
+		// lapsed or changed since the read decides again from a fresh
+		// read.
+		l, err = p.Renew(ctx, MemberRef{Topology: ref.Topology, Member: ref.Member, Incarnation: own})
+		switch {
+		case err == nil:
+			return l, nil
+		case !errors.Is(err, ErrLeaseExpired) && !errors.Is(err, ErrStaleIncarnation) && !errors.Is(err, ErrNotMember):
+			return Lease{}, fmt.Errorf("join %s to %s (renewing its own incarnation %d): %w", ref.Member, ref.Topology, own, err)
 		}
 	}
 	return Lease{}, fmt.Errorf("join %s to %s: the members changed at every attempt: %w", ref.Member, ref.Topology, ErrConflict)
+}
+
+// joinOnce reads, decides and writes once. It reports the lease when the
+// write applied, or the caller's process's own live incarnation to renew
+// (own), or neither when the view changed before the write.
+func (p *PG) joinOnce(ctx context.Context, ref MemberRef, rejoin bool, process string) (Lease, int64, bool, error) {
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return Lease{}, 0, false, err
+	}
+	defer conn.Release()
+	v, err := readJoinView(ctx, conn, ref.Topology)
+	if err != nil {
+		return Lease{}, 0, false, err
+	}
+	if testHookJoinRead != nil {
+		testHookJoinRead()
+	}
+	d, err := decideJoin(ref, rejoin, process, v)
+	if err != nil {
+		return Lease{}, 0, false, err
+	}
+	if d.Own != nil {
+		return Lease{}, d.Own.Incarnation, false, nil
+	}
+	expires, applied, err := writeJoin(ctx, conn, ref, v, d)
+	if err != nil {
+		rollback(ctx, conn)
+		return Lease{}, 0, false, err
+	}
+	if !applied {
+		return Lease{}, 0, false, nil
+	}
+	return Lease{MemberRef: MemberRef{Topology: ref.Topology, Member: ref.Member, Incarnation: v.NextInc},
+		Slot: d.Row.Slot, TTL: v.Params.LeaseTTL, ExpiresAt: expires, Params: v.Params}, 0, true, nil
 }
 
 // readJoinView reads the view in one statement, without locks.

@@ -36,18 +36,21 @@ type Registry interface {
 	// process (say the pod UID and the process's start time); the registry
 	// records it with the incarnation it grants.
 	//
-	// While a later incarnation of the name, granted to another process
-	// (one under the same pod name that joined since), is live, Rejoin is
-	// refused with a *DisplacedError (ErrDisplaced) and changes nothing:
-	// the later process keeps the name. The caller has been displaced, not
-	// merely lost its lease: it must not deliver, and should stop, or wait
-	// until DisplacedError.LiveUntil before it tries again (the later
-	// process may die). A later incarnation granted to the same process
-	// (a Rejoin whose reply was lost) does not displace it. Once the later
-	// incarnation has left or lapsed, and for m.Incarnation 0, Rejoin
-	// proceeds as Join does. An incarnation that Renew, Fence or
-	// ConfirmOwned refuse with ErrStaleIncarnation may have been
-	// displaced: Rejoin tells the caller whether it still is.
+	// Once a later incarnation of the name was granted to another process
+	// (one under the same pod name that joined since), Rejoin is refused
+	// with a *DisplacedError (ErrDisplaced) and changes nothing, whether
+	// that incarnation is still live, lapsed or left: the later process
+	// keeps the name. The caller has been displaced, not merely lost its
+	// lease: it is the old pod's process, must not deliver, and should
+	// stop. A later incarnation granted to the same process (a join of its
+	// own that reached the registry after the caller gave up on it, or a
+	// Rejoin whose reply was lost) does not displace it: while it is live,
+	// Rejoin renews it (as Renew does) and returns it, rather than start
+	// another that would supersede the one the process delivers under;
+	// once it lapsed, Rejoin proceeds as Join does. For
+	// m.Incarnation 0 Rejoin proceeds as Join does. An incarnation that
+	// Renew, Fence or ConfirmOwned refuse with ErrStaleIncarnation may have
+	// been displaced: Rejoin tells the caller whether it was.
 	Rejoin(ctx context.Context, m MemberRef, process string) (Lease, error)
 	// Renew extends a live lease. A lease that has expired cannot be
 	// renewed: the member must Join again (ErrLeaseExpired).

@@ -197,11 +197,29 @@ type joinDecision struct {
 	// LiftsFence says the join lifts a fence (the earlier incarnation was
 	// fenced or its lease lapsed): Row.FenceLiftedAt is the join's time.
 	LiftsFence bool
+	// Own, when set, is the caller's process's own live incarnation,
+	// later than the one the caller names: the join renews it (as Renew
+	// does) and returns it instead of starting another (ownIncarnation).
+	Own *memberRow
+}
+
+// ownIncarnation reports the live incarnation that the calling process
+// already holds, later than the one it names: its own join that reached
+// the registry after it had given up on it and joined again, or one whose
+// reply was lost. A join by that process then renews it rather than
+// starting a new one: a new incarnation would supersede the one the
+// process delivers under (its renewal refused as stale only a renew
+// interval later, its deliveries meanwhile outside its claim: simulator
+// seeds 10819, 20380 once late joins commit), and the late join's reply
+// finds nobody waiting anyway.
+func ownIncarnation(ref MemberRef, process string, cur *memberRow, now time.Time) bool {
+	return cur != nil && process != "" && cur.Process == process && !cur.Left && cur.live(now) &&
+		cur.Incarnation > ref.Incarnation
 }
 
 // decideJoin applies the membership rules to one view. A rejoin (the
-// process that held ref.Incarnation) is refused while a later incarnation
-// is live (checkDisplaced).
+// process that held ref.Incarnation) is refused once a later incarnation
+// went to another process (checkDisplaced).
 func decideJoin(ref MemberRef, rejoin bool, process string, v joinView) (joinDecision, error) {
 	var prev *memberRow
 	for i := range v.Members {
@@ -210,7 +228,10 @@ func decideJoin(ref MemberRef, rejoin bool, process string, v joinView) (joinDec
 		}
 	}
 	if rejoin {
-		if err := checkDisplaced(ref, process, prev, v.Now); err != nil {
+		if ownIncarnation(ref, process, prev, v.Now) {
+			return joinDecision{Prev: prev, Own: prev}, nil
+		}
+		if err := checkDisplaced(ref, process, prev); err != nil {
 			return joinDecision{}, err
 		}
 	}
@@ -227,21 +248,24 @@ func decideJoin(ref MemberRef, rejoin bool, process string, v joinView) (joinDec
 }
 
 // checkDisplaced refuses a rejoin by the process that held ref's
-// incarnation when a later incarnation of the same name, granted to
-// another process under the same pod name, is live. The later process
-// keeps the name: were the earlier one allowed back, each would displace
-// the other at every renewal, and since every join starts the same-name
-// grace again from the displaced incarnation's expiry, neither would ever
-// get the units re-homed (issue 20, defect 6). The rejoin proceeds when
-// nobody live holds the name, when the current incarnation is the
-// caller's own (not later than ref's, or granted to the same process: a
-// rejoin whose reply was lost), and for a process that never had a lease
-// (ref.Incarnation 0), which takes the name as Join does.
-func checkDisplaced(ref MemberRef, process string, cur *memberRow, now time.Time) error {
+// incarnation when a later incarnation of the same name was granted to
+// another process under the same pod name. The later process keeps the
+// name: were the earlier one allowed back, each would displace the other
+// at every renewal, and since every join starts the same-name grace again
+// from the displaced incarnation's expiry, neither would ever get the
+// units re-homed (issue 20, defect 6). The refusal holds after the later
+// incarnation lapsed or left too: the earlier process is the old pod's,
+// and were it let back in, the later one's own rejoin or the pod's next
+// process (a first join takes the name) would displace it while it
+// delivers (the simulator, seed 9064). The rejoin proceeds when the
+// current incarnation is the caller's own (not later than ref's, or
+// granted to the same process: a join that reached the registry after the
+// caller had given up on it, or whose reply was lost), and for a process
+// that never had a lease (ref.Incarnation 0), which takes the name as
+// Join does.
+func checkDisplaced(ref MemberRef, process string, cur *memberRow) error {
 	switch {
-	case cur == nil || cur.Left || !cur.live(now):
-		return nil
-	case ref.Incarnation == 0 || cur.Incarnation <= ref.Incarnation:
+	case cur == nil || ref.Incarnation == 0 || cur.Incarnation <= ref.Incarnation:
 		return nil
 	case process != "" && cur.Process == process:
 		return nil

@@ -34,6 +34,14 @@ func (t *Twin) join(ref MemberRef, rejoin bool, process string) (Lease, error) {
 	if err != nil {
 		return Lease{}, fmt.Errorf("join %s to %s: %w", ref.Member, ref.Topology, err)
 	}
+	if d.Own != nil {
+		// The process's own live incarnation: renew it, as Renew does.
+		row := *tp.members[ref.Member]
+		row.LeaseExpiresAt = v.Now.Add(tp.params.LeaseTTL)
+		t.setMember(tp, &row)
+		return Lease{MemberRef: MemberRef{Topology: ref.Topology, Member: ref.Member, Incarnation: row.Incarnation},
+			Slot: row.Slot, TTL: tp.params.LeaseTTL, ExpiresAt: row.LeaseExpiresAt, Params: tp.params}, nil
+	}
 	if d.Taken != nil {
 		tp.members[d.Taken.Name].Slot = -1
 	}

@@ -60,7 +60,7 @@ func (w *Worker) call(a member.Action) {
 	defer cancel()
 	switch a := a.(type) {
 	case member.Join:
-		l, err := w.reg.Join(ctx, a.Topology, a.Member)
+		l, err := w.reg.Rejoin(ctx, a.Ref, a.Process)
 		w.post(member.JoinReply{Req: a.Req, Lease: l, Err: err})
 	case member.Renew:
 		l, err := w.reg.Renew(ctx, a.Ref)

@@ -20,12 +20,15 @@ type metrics struct {
 	// settled holds rowsSettled's child per Settlement, looked up once:
 	// hashing the label on every row is a per-row cost plain consumers
 	// do not pay.
-	settled         [Abandon + 1]prometheus.Counter
-	rowsWithheld    prometheus.Counter
-	drainNaks       prometheus.Counter
-	pendingRows     prometheus.Gauge
-	redeliveries    prometheus.Counter
-	takeovers       *prometheus.CounterVec
+	settled      [Abandon + 1]prometheus.Counter
+	rowsWithheld prometheus.Counter
+	drainNaks    prometheus.Counter
+	pendingRows  prometheus.Gauge
+	redeliveries prometheus.Counter
+	takeovers    *prometheus.CounterVec
+	fetchErrors  *prometheus.CounterVec
+	// fetchErrs holds fetchErrors' child per reason, looked up once.
+	fetchErrs       map[string]prometheus.Counter
 	handoverSeconds prometheus.Histogram
 }
 
@@ -55,11 +58,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Rows NATS delivered more than once (reset by a consumer RESET)."}),
 		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardkeeper_worker_takeovers_total",
 			Help: "Units taken over from a dead, fenced or earlier process, by outcome: reset (unacked rows back at once) or ackwait (they return after ack wait), with the reason RESET was not used (no_census, refused, reset_failed)."}, []string{"outcome", "reason"}),
+		fetchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardkeeper_worker_fetch_errors_total",
+			Help: "Failed pulls of held units, by reason: consumer_missing (the unit's consumer does not exist), pinned (another client holds the consumer's pin), lookup (the consumer could not be read), fetch (any other failed pull)."},
+			[]string{"reason"}),
 		handoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shardkeeper_worker_handover_seconds",
 			Help:    "Time from the decision to hand a unit over to its release.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
 	}
 	m.fenced.Set(1) // until the first lease
+	m.fetchErrs = map[string]prometheus.Counter{}
+	for _, r := range fetchErrorReasons {
+		m.fetchErrs[r] = m.fetchErrors.WithLabelValues(r)
+	}
 	for v := Ack; v <= Abandon; v++ {
 		m.settled[v] = m.rowsSettled.WithLabelValues(v.String())
 	}
@@ -67,7 +77,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.unitsHeld, m.fenced, m.fences, m.fencedSeconds, m.joins, m.renewFailures, m.rowsSettled,
-		m.rowsWithheld, m.drainNaks, m.pendingRows, m.redeliveries, m.takeovers, m.handoverSeconds} {
+		m.rowsWithheld, m.drainNaks, m.pendingRows, m.redeliveries, m.takeovers, m.fetchErrors, m.handoverSeconds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -49,6 +49,13 @@ type Options struct {
 	// registry's value (spec.rollout.drainTimeout) wins; this one is used
 	// only while it carries none (default 30s).
 	DrainTimeout time.Duration
+	// FetchFailureBound is how long every pull of a held unit may fail
+	// (its consumer missing, unreachable, or pinned to another client)
+	// before Ready reports false and /readyz says which unit (default
+	// 30s): longer than a consumer leader election or a server restart,
+	// which pass by themselves, and short enough that a consumer deleted
+	// under the worker shows before its rows are missed.
+	FetchFailureBound time.Duration
 	// FenceMargin is subtracted from the lease to find the self-fence
 	// deadline (default: the registry's query bound). It covers the
 	// difference in clock rate between this process and the database.
@@ -107,6 +114,9 @@ func (o *Options) withDefaults() Options {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	if c.FetchFailureBound == 0 {
+		c.FetchFailureBound = 30 * time.Second
+	}
 	if c.MaxCensusAge == 0 {
 		c.MaxCensusAge = 2 * time.Minute
 	}
@@ -157,6 +167,9 @@ func (o *Options) validate() error {
 	}
 	if o.DrainTimeout <= 0 || o.DrainTimeout > time.Hour {
 		bad("DrainTimeout", "must be above 0 and at most 1h, got %s", o.DrainTimeout)
+	}
+	if o.FetchFailureBound < 0 {
+		bad("FetchFailureBound", "must not be negative, got %s", o.FetchFailureBound)
 	}
 	if o.FenceMargin < 0 {
 		bad("FenceMargin", "must not be negative, got %s", o.FenceMargin)

@@ -50,6 +50,17 @@ type puller struct {
 	// pending is what NATS said was left in the consumer with the latest
 	// row (0 after a pull that brought none), for the lag gauge.
 	pending atomic.Int64
+
+	// failingSince is when the current run of failed lookups and pulls
+	// began (sinceStart), 0 while the last one succeeded; lastReason is
+	// the latest failure's counter reason. Ready reads both.
+	failingSince atomic.Int64
+	lastReason   atomic.Pointer[string]
+	// failures and loggedAt count the run's failures and when one was
+	// last logged at the default level; only the puller's goroutine
+	// touches them.
+	failures int
+	loggedAt time.Duration
 }
 
 // startPuller starts the puller the core asked for.
@@ -67,6 +78,7 @@ func (w *Worker) startPuller(a member.StartPuller) {
 
 func (p *puller) run() {
 	defer func() {
+		p.endFailing()
 		close(p.done)
 		p.w.post(member.PullerStopped{Unit: p.unit, Puller: p.id, Withheld: p.withheld.Load() > 0,
 			DrainTimedOut: p.abandon.Load()})
@@ -88,7 +100,9 @@ func (p *puller) run() {
 		if cons == nil {
 			c, err := p.w.js.Consumer(p.ctx, p.ref.Stream, p.ref.Name)
 			if err != nil {
-				p.w.log.V(1).Info("Consumer lookup failed", "unit", p.unit.String(), "error", err.Error())
+				if p.ctx.Err() == nil {
+					p.fetchFailed(err, true)
+				}
 				backoff.wait(p.ctx, nil)
 				continue
 			}
@@ -96,11 +110,15 @@ func (p *puller) run() {
 		}
 		if err := p.fetchBatch(cons); err != nil {
 			// Another client still pinned, a leader election, a restart:
-			// all pass; try again shortly.
-			p.w.log.V(1).Info("Fetch failed", "unit", p.unit.String(), "error", err.Error())
+			// all pass; try again shortly. A consumer that is gone is
+			// looked up again, so one re-created is found.
+			if p.ctx.Err() == nil && p.fetchFailed(err, false) {
+				cons = nil
+			}
 			backoff.wait(p.ctx, nil)
 			continue
 		}
+		p.fetchOK()
 		backoff.reset()
 	}
 }

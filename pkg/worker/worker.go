@@ -2,8 +2,11 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,9 +61,17 @@ type Worker struct {
 	// pullers are the running pullers, by id; only Run's goroutine
 	// touches the map.
 	pullers map[member.PullerID]*puller
+	// failing holds the pullers whose latest lookup or pull failed, by id
+	// (fetchhealth.go), for Readiness.
+	failing sync.Map
 	// calls counts goroutines performing an action, so Run returns only
 	// after they ended.
 	calls sync.WaitGroup
+	// process names this Worker to the registry when it joins: a later
+	// incarnation of its member name granted under the same process is
+	// its own (a join that arrived late), one under another process
+	// displaces it (poolctl.Registry.Rejoin).
+	process string
 }
 
 // New checks the options and returns a Worker ready to Run.
@@ -87,10 +98,22 @@ func New(o Options) (*Worker, error) {
 		loopDone: make(chan struct{}),
 		slots:    make(chan struct{}, opts.TakeoverConcurrency),
 		pullers:  map[member.PullerID]*puller{},
+		process:  newProcessID(),
 	}
 	w.layout.Store(&natsops.Layout{SubjectPrefix: opts.SubjectPrefix, ConsumerName: opts.ConsumerName})
 	w.queryBound.Store(int64(2 * time.Second))
 	return w, nil
+}
+
+// newProcessID returns a name for one Worker that no other Worker, in this
+// OS process or any other, shares: the host, the OS process id, the start
+// time and random bits (two Workers of one test binary differ by the
+// last).
+func newProcessID() string {
+	host, _ := os.Hostname()
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return fmt.Sprintf("%s/%d/%s/%s", host, os.Getpid(), time.Now().UTC().Format("20060102T150405.000000Z"), hex.EncodeToString(b[:]))
 }
 
 // processStart anchors the worker's monotonic clock: the core's instants
@@ -117,8 +140,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.stopAllPullers()
 		w.calls.Wait()
 	}()
-	core := member.New(member.Config{Topology: w.opts.Topology, Member: w.opts.Member, FenceMargin: w.opts.FenceMargin,
-		DrainTimeout: w.opts.DrainTimeout, ClaimBatch: w.opts.ClaimBatch})
+	core := member.New(member.Config{Topology: w.opts.Topology, Member: w.opts.Member, Process: w.process,
+		FenceMargin: w.opts.FenceMargin, DrainTimeout: w.opts.DrainTimeout, ClaimBatch: w.opts.ClaimBatch})
 	l := &loop{w: w, core: core, timer: time.NewTimer(time.Hour), ticker: time.NewTicker(w.opts.TickInterval)}
 	defer l.ticker.Stop()
 	defer l.timer.Stop()
@@ -209,11 +232,10 @@ func (w *Worker) mayDeliver(u ownership.Unit, t poolctl.Token) bool {
 	return w.perm.Load().Allows(u, t, sinceStart())
 }
 
-// Ready reports whether the worker holds a lease and is not fenced.
-func (w *Worker) Ready() bool {
-	p := w.perm.Load()
-	return p != nil && p.Lease && !p.FencedAt(sinceStart())
-}
+// Ready reports whether the worker holds a lease, is not fenced, and no
+// unit it delivers has failed every pull for longer than
+// FetchFailureBound (Readiness says why not).
+func (w *Worker) Ready() bool { return w.Readiness() == nil }
 
 // Status is a point-in-time account of the worker, for health endpoints
 // and tests.

@@ -13,10 +13,16 @@ import (
 // back as the reply event carrying the same Req.
 type Action interface{ action() }
 
-// Join starts a new incarnation (poolctl.Registry.Join).
+// Join starts a new incarnation (poolctl.Registry.Rejoin). Ref names the
+// member and the last incarnation this process was granted (0: none), and
+// Process this process: the registry refuses the join (ErrDisplaced) only
+// when a later incarnation granted to another process under the same name
+// is live, so this process's own join that arrived late never displaces
+// it.
 type Join struct {
-	Req              ReqID
-	Topology, Member string
+	Req     ReqID
+	Ref     poolctl.MemberRef
+	Process string
 }
 
 // Renew extends the lease (poolctl.Registry.Renew).

@@ -23,6 +23,11 @@ type Config struct {
 	StopBound time.Duration
 	// ClaimBatch caps the units of one Claim or Release (0: no cap).
 	ClaimBatch int
+	// Process names this process, the same for its whole life and
+	// different for every process (and every Worker) under the member
+	// name: the registry tells this process's own late joins from a later
+	// process's by it (poolctl.Registry.Rejoin).
+	Process string
 
 	mutations mutations
 }
@@ -63,14 +68,13 @@ type Core struct {
 	fenceSent int64
 	// lane is the one lease call in flight (Join, Renew, Fence, Unfence,
 	// Confirm, Leave): they reach the registry in the order decided.
-	lane      *call
-	retryAt   time.Duration
-	backoff   time.Duration
-	displaced int
-	// displacedFrom is the incarnation a later process under this name
-	// displaced; while set, the member joins only once that process is
-	// no longer live.
-	displacedFrom int64
+	lane    *call
+	retryAt time.Duration
+	backoff time.Duration
+	// lastInc is the last incarnation this process was granted (kept
+	// after its lease is lost): a rejoin names it, so the registry can
+	// tell whether a later incarnation is this process's own.
+	lastInc int64
 	// recovery: after a fence, renew, record the fence, lift it, confirm.
 	recovery recoveryStage
 	// needConfirm: some claim's outcome is unknown, or units of an
@@ -331,7 +335,7 @@ func definite(err error) bool {
 	for _, e := range []error{poolctl.ErrUnknownTopology, poolctl.ErrNotMember, poolctl.ErrStaleIncarnation,
 		poolctl.ErrLeaseExpired, poolctl.ErrFenced, poolctl.ErrDraining, poolctl.ErrNoActiveEpoch, poolctl.ErrEpochMoved,
 		poolctl.ErrFrozen, poolctl.ErrUnitOutOfRange, poolctl.ErrHeld, poolctl.ErrStaleEpoch, poolctl.ErrStillHolding,
-		poolctl.ErrInvalid, poolctl.ErrEpochState} {
+		poolctl.ErrInvalid, poolctl.ErrEpochState, poolctl.ErrDisplaced} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -31,10 +31,14 @@
 //     confirmation (ConfirmOwned), never to a guess.
 //   - A freeze acknowledgement counts only for the incarnation it was sent
 //     under.
-//   - A process displaced by a later join under its own name
-//     (ErrStaleIncarnation) gives up for good (Done with an error): the
-//     name is the later process's, and two processes under one name that
-//     rejoin take turns displacing each other.
+//   - A member whose incarnation was superseded (ErrStaleIncarnation)
+//     rejoins naming the incarnation it held and its process; it gives up
+//     for good (Done with an error) only when the registry refuses that
+//     (ErrDisplaced): a later incarnation granted to another process under
+//     the same name is live. The name is then the later process's, and two
+//     processes under one name that rejoin take turns displacing each
+//     other. A later incarnation that was this process's own join, arrived
+//     late, does not displace it.
 //   - A unit being handed over is never given a puller again, and UNPIN is
 //     sent once, before the first release, and never while fenced.
 //   - Drains and stops are bounded even when a handler ignores its context.

@@ -20,6 +20,8 @@ import (
 const (
 	topoName = "ns/topo"
 	me       = "w-0"
+	// myProcess is the process identity of the Core under test.
+	myProcess = "w-0/proc-a"
 )
 
 var testParams = poolctl.Params{LeaseTTL: 10 * time.Second, RenewInterval: 3 * time.Second, QueryBound: 2 * time.Second,
@@ -48,7 +50,7 @@ type harness struct {
 var errStop = errors.New("script stopped")
 
 func newHarness(t *testing.T, ms ...Mutation) *harness {
-	cfg, err := Mutate(Config{Topology: topoName, Member: me}, ms...)
+	cfg, err := Mutate(Config{Topology: topoName, Member: me, Process: myProcess}, ms...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,6 +192,35 @@ func (h *harness) confirm(held map[string]int64, waiting ...string) {
 	h.step(ConfirmReply{Req: c.Req, Conf: conf})
 }
 
+// registry returns a twin registry (the rules PG applies) holding the
+// topology, on the harness's clock, for scripts whose point is what the
+// registry answers a join.
+func (h *harness) registry() *poolctl.Twin {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := poolctl.NewTwin(func() time.Time { return base.Add(h.now) })
+	if err := r.EnsureTopology(context.Background(), topoName, testParams); err != nil {
+		h.fail("setup: %v", err)
+	}
+	return r
+}
+
+// rejoin answers the open Join from r, as the driver does (Rejoin).
+func (h *harness) rejoin(r poolctl.Registry, j Join) (poolctl.Lease, error) {
+	l, err := r.Rejoin(context.Background(), j.Ref, j.Process)
+	h.step(JoinReply{Req: j.Req, Lease: l, Err: err})
+	return l, err
+}
+
+// gaveUp reports whether acts end the core with an error matching target.
+func gaveUp(acts []Action, target error) bool {
+	for _, a := range acts {
+		if d, ok := a.(Done); ok && errors.Is(d.Err, target) {
+			return true
+		}
+	}
+	return false
+}
+
 // renewOK answers the open Renew with a granted lease.
 func (h *harness) renewOK() {
 	r := take[Renew](h)
@@ -272,6 +303,17 @@ func (h *harness) holding(n int) {
 		if !h.perm.Allows(unitOf(u), tok(u, 1), h.now) {
 			h.fail("setup: %s not delivering after its claim", u)
 		}
+	}
+}
+
+// holdingFrom confirms the join of incarnation inc (nothing held) and
+// takes unit 0.0 at epoch 1.
+func (h *harness) holdingFrom(inc int64) {
+	h.confirm(nil)
+	h.tick(snapshot(inc, 1, false, 0))
+	h.claimAll(1)
+	if !h.delivering("0.0", 1) {
+		h.fail("setup: 0.0 not delivering after its claim")
 	}
 }
 

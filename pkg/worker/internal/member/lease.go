@@ -27,7 +27,7 @@ var ErrNotJoined = errors.New("shut down before joining")
 func (c *Core) nextLaneCall() (callKind, bool) {
 	switch {
 	case c.lease == nil:
-		return callJoin, c.phase == phaseMember && c.displacedFrom == 0
+		return callJoin, c.phase == phaseMember
 	case c.recovery == recoverRenew || c.now >= c.renewAt():
 		return callRenew, true
 	case c.recovery == recoverFence:
@@ -80,7 +80,13 @@ func (c *Core) driveLane() {
 	ref := c.ref()
 	switch k {
 	case callJoin:
-		c.emit(Join{Req: cl.id, Topology: c.cfg.Topology, Member: c.cfg.Member})
+		ref := poolctl.MemberRef{Topology: c.cfg.Topology, Member: c.cfg.Member, Incarnation: c.lastInc}
+		if c.cfg.mutations.on(StaleIncarnationRejoinsAtOnce) {
+			// Mutation: join as a process that never held the name, so a
+			// later process's incarnation is taken over at once.
+			ref.Incarnation = 0
+		}
+		c.emit(Join{Req: cl.id, Ref: ref, Process: c.cfg.Process})
 	case callRenew:
 		c.emit(Renew{Req: cl.id, Ref: ref})
 	case callFence:
@@ -163,11 +169,16 @@ func (c *Core) onJoin(e JoinReply) {
 	if cl == nil {
 		return
 	}
+	if errors.Is(e.Err, poolctl.ErrDisplaced) {
+		c.displaced(e.Err)
+		return
+	}
 	if e.Err != nil {
 		c.failed("join", e.Err)
 		return
 	}
 	c.succeeded()
+	c.lastInc = e.Lease.Incarnation
 	c.grant(e.Lease, cl.sentAt)
 	c.joinedAt = c.now
 	c.fenceSent = 0 // a new incarnation starts unfenced in the registry
@@ -197,9 +208,6 @@ func (c *Core) onRenew(e RenewReply) {
 		if !c.fenced {
 			c.needConfirm = c.needConfirm || c.waiting > 0
 			c.reportActivity()
-		}
-		if c.now-c.joinedAt > 2*e.Lease.TTL {
-			c.displaced = 0
 		}
 	case leaseLost(e.Err):
 		c.loseLease(e.Err)
@@ -346,38 +354,50 @@ func (c *Core) lift() {
 	c.ensurePullers()
 }
 
-// loseLease fences and forgets a lease the registry will not renew. A
-// member displaced by a later join under its own name does not join again
-// while that process is live: each join would push the other's re-home
-// back, and the two would take turns forever (issue 20 defect 6).
+// loseLease fences and forgets a lease the registry will not renew, and
+// joins again (Rejoin, naming the incarnation lost and this process). A
+// later incarnation under this name (ErrStaleIncarnation) need not be
+// another process's: it may be this process's own join that reached the
+// registry after the member had given up on it and joined again. The
+// registry tells the two apart by the process each incarnation was
+// granted to, and refuses the rejoin (ErrDisplaced) only in the second
+// case; then the member gives up (displaced).
 func (c *Core) loseLease(err error) {
 	c.fence("lease lost")
 	c.note(NoteLeaseLost, ownership.Unit{}, 0, err.Error())
-	if errors.Is(err, poolctl.ErrStaleIncarnation) && !c.cfg.mutations.on(StaleIncarnationRejoinsAtOnce) {
-		c.displaced++
-		c.displacedFrom = c.incarnation()
-		c.note(NoteDisplaced, ownership.Unit{}, float64(c.displaced), "a later process under this name joined")
-		// The pod name belongs to the later process: this one is the old
-		// pod's (a partitioned pod replaced meanwhile) and gives up for
-		// good. Joining again once the other's lease lapsed, as it did
-		// before, races the other's own rejoin (after a registry outage,
-		// say): whichever joins second displaces the first, which then
-		// delivers outside its claim until its next renewal (found by the
-		// simulator, seeds 287, 1080, 1645, 3206). Exiting costs a
-		// container restart when the later join was this process's own
-		// lost one.
-		c.lease = nil
-		c.recovery = recoverNone
-		c.finish(fmt.Errorf("displaced by a later process under the name %s: %w", c.cfg.Member, err))
-		return
-	}
 	c.lease = nil
 	c.recovery = recoverNone
 	c.unsureInFlight()
-	c.failed("lease", err)
+	if errors.Is(err, poolctl.ErrStaleIncarnation) && c.cfg.mutations.on(StaleIncarnationGivesUp) {
+		c.displaced(err)
+		return
+	}
+	if errors.Is(err, poolctl.ErrStaleIncarnation) {
+		// Rejoin at once: were the later incarnation another process's,
+		// waiting would not help, and were it this process's own, its
+		// units wait for this member's confirmation.
+		c.succeeded()
+	} else {
+		c.failed("lease", err)
+	}
 	if c.phase == phaseLeaving {
 		c.finish(fmt.Errorf("lease lost while leaving: %w", err))
 	}
+}
+
+// displaced ends a member whose rejoin the registry refused because a
+// later process under its name is live. The pod name belongs to that
+// process: this one is the old pod's (a partitioned pod replaced
+// meanwhile) and gives up for good. Waiting for the other's lease to lapse
+// and joining again, as it once did, races the other's own rejoin (after
+// a registry outage, say): whichever joins second displaces the first,
+// which then delivers outside its claim until its next renewal (found by
+// the simulator, seeds 287, 1080, 1645, 3206).
+func (c *Core) displaced(err error) {
+	c.note(NoteDisplaced, ownership.Unit{}, float64(c.lastInc), "a later process under this name joined")
+	c.lease = nil
+	c.recovery = recoverNone
+	c.finish(fmt.Errorf("displaced by a later process under the name %s: %w", c.cfg.Member, err))
 }
 
 // unsureInFlight turns the units of claims sent under an incarnation

@@ -26,9 +26,16 @@ const (
 	// LostClaimReplyGuessed takes a claim whose reply was lost for refused
 	// instead of confirming it (defect 5).
 	LostClaimReplyGuessed Mutation = "lost-claim-reply-guessed"
-	// StaleIncarnationRejoinsAtOnce joins again at once when a later
-	// process under the same name displaced this one (defect 6).
+	// StaleIncarnationRejoinsAtOnce rejoins without naming the
+	// incarnation it held, as a process that never held the name does, so
+	// the registry lets it take the name back from a later process under
+	// the same name at once (defect 6).
 	StaleIncarnationRejoinsAtOnce Mutation = "stale-incarnation-rejoins-at-once"
+	// StaleIncarnationGivesUp gives up for good at ErrStaleIncarnation
+	// without asking the registry whose the later incarnation is, so this
+	// process's own join that committed late displaces it (issue 20: the
+	// worker called Join, not Rejoin).
+	StaleIncarnationGivesUp Mutation = "stale-incarnation-gives-up"
 	// NoLazyFenceCheck publishes no fence deadline and checks none before
 	// a step: only the timer fences (issue 19).
 	NoLazyFenceCheck Mutation = "no-lazy-fence-check"
@@ -48,7 +55,7 @@ const (
 // Mutations lists every mutation, sorted.
 func Mutations() []Mutation {
 	all := []Mutation{ConfirmWithoutVersionCheck, ConfirmDuringHandoverStartsPuller, FreezeAckAcrossRejoin,
-		LostClaimReplyGuessed, StaleIncarnationRejoinsAtOnce, NoLazyFenceCheck, NoSelfFence, SelfFenceAfterExpiry,
+		LostClaimReplyGuessed, StaleIncarnationRejoinsAtOnce, StaleIncarnationGivesUp, NoLazyFenceCheck, NoSelfFence, SelfFenceAfterExpiry,
 		UnpinSkippedBeforeFirstPull, StaleConfirmationApplied}
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	return all

@@ -1,6 +1,7 @@
 package member
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -171,33 +172,110 @@ var scenarios = []scenario{
 		},
 	},
 	{
-		// Defect 6: displaced by a later process under the same name,
-		// the member waits while that process is live, then joins.
-		name:   "a displaced process does not rejoin while the process that displaced it lives",
+		// Defect 6: displaced by a later process under the same name
+		// (the registry refuses the rejoin, naming another process), the
+		// member gives up for good: the name is the later process's.
+		name:   "a process displaced by another process under its name gives up and does not take the name back",
 		breaks: []Mutation{StaleIncarnationRejoinsAtOnce},
 		script: func(h *harness) {
-			h.holding(1)
+			r := h.registry()
+			h.step(Tick{})
+			if _, err := h.rejoin(r, take[Join](h)); err != nil {
+				h.fail("setup: first join refused: %v", err)
+			}
+			h.confirm(nil)
+			// The pod's replacement (another process) joins while this
+			// one's lease is live: it takes the name.
+			later, err := r.Rejoin(context.Background(), poolctl.MemberRef{Topology: topoName, Member: me}, "w-0/proc-b")
+			if err != nil {
+				h.fail("setup: the later process's join refused: %v", err)
+			}
 			h.advance(3 * time.Second)
 			h.step(Timer{})
-			r := take[Renew](h)
-			acts := h.step(RenewReply{Req: r.Req, Err: poolctl.ErrStaleIncarnation})
-			// It gives up for good: the name is the later process's.
-			var gaveUp bool
-			for _, a := range acts {
-				if d, ok := a.(Done); ok && errors.Is(d.Err, poolctl.ErrStaleIncarnation) {
-					gaveUp = true
-				}
+			rn := take[Renew](h)
+			_, err = r.Renew(context.Background(), rn.Ref)
+			if !errors.Is(err, poolctl.ErrStaleIncarnation) {
+				h.fail("setup: renewal of the superseded incarnation answered %v, want ErrStaleIncarnation", err)
 			}
-			if !gaveUp {
-				h.fail("displaced, but it did not give up")
+			h.step(RenewReply{Req: rn.Req, Err: err})
+			j := take[Join](h)
+			if j.Process != myProcess {
+				h.fail("rejoined as process %q, want %q", j.Process, myProcess)
+			}
+			if _, err := h.rejoin(r, j); err == nil {
+				h.fail("took the name back from the later process's live incarnation %d", later.Incarnation)
+			}
+			if !h.c.fenced || h.c.phase != phaseDone {
+				h.fail("displaced by another process, but it did not give up (fenced=%v)", h.c.fenced)
 			}
 			for range 20 {
 				h.advance(time.Second)
 				h.step(Timer{})
 				h.step(Tick{})
 				if has[Join](h) {
-					h.fail("joined again at %v after a later process under this name displaced it", h.now)
+					h.fail("joined again at %v after another process under this name displaced it", h.now)
 				}
+			}
+		},
+	},
+	{
+		// Issue 20: the member's join timed out and it joined again; the
+		// first join then reached the registry while the member was
+		// paused past its lease, and took a later incarnation (a join that
+		// finds the process's own incarnation live renews it instead).
+		// That incarnation is this process's own: the member's renewal is
+		// refused as stale, it rejoins naming its process, the registry
+		// hands it that incarnation, and it carries on, rather than
+		// taking itself for displaced and exiting.
+		name:   "the member's own delayed join does not displace it",
+		breaks: []Mutation{StaleIncarnationGivesUp},
+		script: func(h *harness) {
+			r := h.registry()
+			h.step(Tick{})
+			late := take[Join](h)
+			h.advance(testParams.QueryBound)
+			h.step(JoinReply{Req: late.Req, Err: errLost}) // timed out; still on its way
+			h.advance(time.Second)
+			h.step(Timer{})
+			first, err := h.rejoin(r, take[Join](h))
+			if err != nil {
+				h.fail("setup: the retried join refused: %v", err)
+			}
+			h.holdingFrom(first.Incarnation)
+			// Landing now, while the process's incarnation is live, the
+			// late join only renews it.
+			if l, err := r.Rejoin(context.Background(), late.Ref, late.Process); err != nil || l.Incarnation != first.Incarnation {
+				h.fail("the late join, landing while the process's incarnation %d is live: %+v, %v; want that incarnation renewed",
+					first.Incarnation, l, err)
+			}
+			// The process is paused past its lease; the late join lands
+			// again (a second copy) and takes a later incarnation.
+			h.advance(testParams.LeaseTTL + time.Second)
+			own, err := r.Rejoin(context.Background(), late.Ref, late.Process)
+			if err != nil || own.Incarnation <= first.Incarnation {
+				h.fail("setup: the late join did not take a later incarnation: %+v, %v", own, err)
+			}
+			h.step(Timer{}) // resumes: fenced, renews
+			rn := take[Renew](h)
+			_, err = r.Renew(context.Background(), rn.Ref)
+			if !errors.Is(err, poolctl.ErrStaleIncarnation) {
+				h.fail("setup: renewal of the superseded incarnation answered %v, want ErrStaleIncarnation", err)
+			}
+			if acts := h.step(RenewReply{Req: rn.Req, Err: err}); gaveUp(acts, err) || h.c.phase == phaseDone {
+				h.fail("gave up when the incarnation that superseded it was its own late join")
+			}
+			j := take[Join](h)
+			if j.Ref.Incarnation != first.Incarnation || j.Process != myProcess {
+				h.fail("rejoined naming incarnation %d as %q, want %d as %q", j.Ref.Incarnation, j.Process, first.Incarnation, myProcess)
+			}
+			again, err := h.rejoin(r, j)
+			if err != nil || again.Incarnation != own.Incarnation {
+				h.fail("the rejoin: %+v, %v; want its own incarnation %d", again, err, own.Incarnation)
+			}
+			h.confirm(map[string]int64{"0.0": 1})
+			if h.c.fenced || h.c.incarnation() != own.Incarnation || !h.delivering("0.0", 1) {
+				h.fail("after rejoining as incarnation %d: fenced=%v incarnation=%d delivering 0.0=%v",
+					own.Incarnation, h.c.fenced, h.c.incarnation(), h.delivering("0.0", 1))
 			}
 		},
 	},
@@ -395,6 +473,88 @@ var scenarios = []scenario{
 			if has[Unpin](h) || has[Release](h) {
 				h.fail("handover went on while fenced")
 			}
+		},
+	},
+	{
+		// Issue 20 defect 1, in virtual time (pkg/worker's
+		// TestRenewalsContinueWhileAHandoverDrains needs the machine to
+		// answer renewals of a 2s lease in time): a handover whose drain
+		// outlasts the lease twice over keeps the lease renewed and never
+		// fences the member.
+		name: "renewals continue while a handover's drain outlasts the lease",
+		script: func(h *harness) {
+			h.holding(1)
+			h.tick(snapshot(1, 1, true, 0))
+			take[DrainPuller](h)
+			renewUntil(h, h.now+2*testParams.LeaseTTL)
+			if h.c.fenced || h.c.incarnation() != 1 {
+				h.fail("fenced=%v incarnation=%d after a drain of %v", h.c.fenced, h.c.incarnation(), 2*testParams.LeaseTTL)
+			}
+			h.stopped("0.0")
+			u := take[Unpin](h)
+			h.step(UnpinDone{Req: u.Req})
+			if r := take[Release](h); len(r.Tokens) != 1 || r.Tokens[0] != tok("0.0", 1) {
+				h.fail("released %v, want 0.0 at epoch 1", r.Tokens)
+			}
+		},
+	},
+	{
+		// Found by the chaos suite (a registry unreachable for 30s), in
+		// virtual time (pkg/worker's TestAMemberRetriesTheRegistryWithinTheGrace
+		// measures the gaps on the wall clock of a possibly loaded
+		// machine): while the registry does not answer, the member asks
+		// again within half a renew interval of each failure, fenced or
+		// not, so it renews or rejoins within the grace after an outage,
+		// before the first member back may adopt its units.
+		name: "a member retries the registry within half a renew interval while it does not answer",
+		script: func(h *harness) {
+			h.holding(1)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			for i := range 12 {
+				r := take[Renew](h)
+				h.advance(testParams.QueryBound)
+				h.step(RenewReply{Req: r.Req, Err: errLost})
+				failedAt := h.now
+				for !has[Renew](h) {
+					if h.c.timerAt < 0 || h.c.timerAt-failedAt > testParams.RenewInterval/2 {
+						h.fail("after failed renewal %d no retry within %v (timer at %v)", i+1, testParams.RenewInterval/2, h.c.timerAt-failedAt)
+					}
+					h.now = h.c.timerAt
+					h.step(Timer{})
+				}
+			}
+			if !h.c.fenced {
+				h.fail("setup: not fenced after %v of failed renewals", 12*testParams.QueryBound)
+			}
+		},
+	},
+	{
+		// The shutdown half: a graceful stop whose drain outlasts the
+		// lease keeps renewing until the member has left, instead of
+		// falling into the crash path.
+		name: "a shutdown whose drain outlasts the lease keeps renewing and leaves",
+		script: func(h *harness) {
+			h.holding(1)
+			h.step(Shutdown{})
+			take[DrainPuller](h)
+			renewUntil(h, h.now+2*testParams.LeaseTTL)
+			h.stopped("0.0")
+			u := take[Unpin](h)
+			h.step(UnpinDone{Req: u.Req})
+			r := take[Release](h)
+			h.step(ReleaseReply{Req: r.Req, Errs: make([]error, len(r.Tokens))})
+			l := take[Leave](h)
+			acts := h.step(LeaveReply{Req: l.Req})
+			for _, a := range acts {
+				if d, ok := a.(Done); ok {
+					if d.Err != nil {
+						h.fail("left with %v", d.Err)
+					}
+					return
+				}
+			}
+			h.fail("no Done after the leave succeeded")
 		},
 	},
 	{

@@ -22,8 +22,7 @@ type plan struct {
 
 // onTick starts a tick: read the registry. A fenced member, or one without
 // a lease, does not place or claim: what it holds is unknown until the
-// lease lane confirms it. A displaced member reads only to see whether the
-// process that displaced it is still live.
+// lease lane confirms it.
 func (c *Core) onTick() {
 	for _, x := range c.units {
 		x.parked = false // failed releases are retried once a tick
@@ -32,7 +31,7 @@ func (c *Core) onTick() {
 	if c.tick != nil || c.phase != phaseMember {
 		return
 	}
-	if c.lease == nil && c.displacedFrom == 0 || c.lease != nil && c.fenced {
+	if c.lease == nil || c.fenced {
 		return
 	}
 	c.tick = &call{id: c.newID(), kind: callSnapshot, incarnation: c.incarnation()}
@@ -53,7 +52,6 @@ func (c *Core) onSnapshot(e SnapshotReply) {
 	c.configure(s.Params)
 	c.reset, c.resetAt = s.Reset, c.now
 	if c.lease == nil {
-		c.checkDisplacer(s)
 		return
 	}
 	me := s.Member(c.cfg.Member)
@@ -76,22 +74,6 @@ func (c *Core) onSnapshot(e SnapshotReply) {
 		return
 	}
 	c.decide(p, nil)
-}
-
-// checkDisplacer lets a displaced member join again once the process that
-// displaced it is no longer live.
-func (c *Core) checkDisplacer(s poolctl.Snapshot) {
-	if c.displacedFrom == 0 {
-		return
-	}
-	m := s.Member(c.cfg.Member)
-	// The displacer's lease plus the grace: it fences itself on its own
-	// clock, which a forward step of the registry's clock puts after the
-	// registry's expiry; joining at the expiry itself would take the name
-	// from a process still delivering (found by the simulator, seed 287).
-	if m == nil || m.Left || m.Incarnation <= c.displacedFrom || !s.Now.Before(m.LeaseExpiresAt.Add(s.Params.Grace)) {
-		c.displacedFrom = 0
-	}
 }
 
 // ackFreeze acknowledges a pending epoch once per incarnation. Claims stop

@@ -20,7 +20,7 @@ const tickEvery = 500 * time.Millisecond
 // simulator instead of the real driver. A mutation named in env (one of
 // member.Mutations) is applied to the core.
 func NewCore(env MemberEnv) Member {
-	cfg := member.Config{Topology: env.Topology, Member: env.Name, DrainTimeout: 2 * time.Second, StopBound: time.Second}
+	cfg := member.Config{Topology: env.Topology, Member: env.Name, Process: env.Process, DrainTimeout: 2 * time.Second, StopBound: time.Second}
 	if env.Mutation != "" && isCoreMutation(env.Mutation) {
 		var err error
 		if cfg, err = member.Mutate(cfg, member.Mutation(env.Mutation)); err != nil {
@@ -156,7 +156,7 @@ func (m *coreMember) translate(a member.Action) []Action {
 	switch a := a.(type) {
 	case member.Join:
 		return m.call(a.Req, OpJoin, func(ctx context.Context, r poolctl.Registry) (any, error) {
-			return r.Join(ctx, a.Topology, a.Member)
+			return r.Rejoin(ctx, a.Ref, a.Process)
 		})
 	case member.Renew:
 		return m.call(a.Req, OpRenew, func(ctx context.Context, r poolctl.Registry) (any, error) { return r.Renew(ctx, a.Ref) })

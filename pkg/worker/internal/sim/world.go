@@ -64,6 +64,9 @@ type Config struct {
 type MemberEnv struct {
 	Topology string
 	Name     string // the pod name
+	// Process names the process ("w-0#2"), unique in the run: the
+	// identity a member gives the registry when it rejoins.
+	Process string
 	// Params are the topology's lease parameters (the member reads them
 	// from its first lease too).
 	Params   poolctl.Params
@@ -132,8 +135,52 @@ type world struct {
 	pendingSince int64
 	activatedAt  map[int64]int64
 
+	// granted is, per pod name, the latest incarnation a join granted and
+	// the process it went to, for the displacement check at an exit.
+	granted map[string]grant
+
 	trace []string
 	fail  []string
+}
+
+// grant is an incarnation the registry granted and the process it went to.
+type grant struct {
+	inc  int64
+	proc *process
+}
+
+// run performs a call on the twin and records the incarnation a join
+// granted, with the process it went to.
+func (w *world) run(p *process, c Call) (any, error) {
+	v, err := c.Do(context.Background(), w.reg)
+	if l, ok := v.(poolctl.Lease); ok && err == nil && c.Op == OpJoin {
+		if w.granted == nil {
+			w.granted = map[string]grant{}
+		}
+		w.granted[p.name] = grant{inc: l.Incarnation, proc: p}
+	}
+	return v, err
+}
+
+// checkDisplaced judges a process that exits as displaced: the name's
+// live incarnation must be another process's. A process that gives up
+// while the incarnation that superseded it is its own (a join of its own
+// that committed after it had given up on it) left its units for nothing.
+func (w *world) checkDisplaced(p *process, detail string) {
+	if !strings.Contains(detail, "displaced") {
+		return
+	}
+	g, ok := w.granted[p.name]
+	if !ok || g.proc != p {
+		return
+	}
+	snap, err := w.twin.Snapshot(context.Background(), topology)
+	if err != nil {
+		return
+	}
+	if m := snap.Member(p.name); m != nil && m.Live && m.Incarnation == g.inc {
+		w.violate("displacement: %s exits as displaced (%s), but %s's live incarnation %d is its own", p.id, detail, p.name, g.inc)
+	}
 }
 
 func (w *world) wall(t int64) time.Time { return base.Add(time.Duration(t)) }
@@ -193,7 +240,7 @@ func (w *world) setUnits(n, v int) {
 func (w *world) startProcess(name string) *process {
 	p := &process{id: fmt.Sprintf("%s#%d", name, len(w.byName[name])+1), name: name,
 		pullers: map[string]*puller{}, timers: map[string]uint64{}, started: w.s.now}
-	env := MemberEnv{Topology: topology, Name: name, Params: Params, Mutation: w.cfg.Mutation,
+	env := MemberEnv{Topology: topology, Name: name, Process: p.id, Params: Params, Mutation: w.cfg.Mutation,
 		Rand: rand.New(rand.NewPCG(uint64(w.cfg.Seed), uint64(len(w.procs))+1))}
 	newMember := w.cfg.NewMember
 	if newMember == nil {
@@ -254,6 +301,7 @@ func (w *world) perform(p *process, acts []Action) {
 			w.tracef("%s note: %s", p.id, a.Detail)
 		case ActExit:
 			w.tracef("%s exits: %s", p.id, a.Detail)
+			w.checkDisplaced(p, a.Detail)
 			w.kill(p)
 		}
 	}
@@ -341,12 +389,20 @@ func (w *world) send(p *process, c Call) {
 		}
 		if answered {
 			// The caller gave up (its query bound passed) and closed the
-			// connection before the request arrived: it does not commit.
-			// (A request that commits and whose reply then comes too late
-			// is the delayed reply below.) Were such requests to commit,
-			// a join the member retried would displace the incarnation
-			// the retry got, which no member logic can prevent.
-			w.tracef("%s %s #%d arrives after its caller gave up: dropped", p.id, c.Op, c.ID)
+			// connection before the request arrived. A join then commits
+			// half the time (the close races the server's commit): the
+			// member has retried meanwhile, so its own late join
+			// supersedes the incarnation the retry got, and the member
+			// must tell that from a later process's join (Rejoin names
+			// the process). Other calls are dropped. (A request that
+			// commits and whose reply then comes too late is the delayed
+			// reply below.)
+			if c.Op != OpJoin || w.registryDown() || !w.s.chance(0.5) {
+				w.tracef("%s %s #%d arrives after its caller gave up: dropped", p.id, c.Op, c.ID)
+				return
+			}
+			v, err := w.run(p, c)
+			w.tracef("%s %s #%d arrives after its caller gave up and runs: %s", p.id, c.Op, c.ID, brief(v, err))
 			return
 		}
 		if w.registryDown() {
@@ -357,7 +413,7 @@ func (w *world) send(p *process, c Call) {
 			}
 			return
 		}
-		v, err := c.Do(context.Background(), w.reg)
+		v, err := w.run(p, c)
 		w.tracef("%s %s #%d runs: %s", p.id, c.Op, c.ID, brief(v, err))
 		if p.cut(w.s.now) || w.fault(FaultLostReply) {
 			w.tracef("%s %s #%d: reply lost", p.id, c.Op, c.ID)
