@@ -81,7 +81,7 @@ func runIndependent(ctx context.Context, cfg config, log logr.Logger) (err error
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pullIndependently(ctx, js, pool, layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}), u, cfg, rec)
+			pullIndependently(ctx, js, pool, layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}), u, cfg, rec, log)
 		}()
 	}
 	wg.Wait()
@@ -114,7 +114,7 @@ func independentUnits(topo ownership.Topology, replicas, ordinal int) ([]ownersh
 // their own run) every pod that pulls gets rows.
 // It records its deliveries in the same history as the SDK does (with no
 // claim: epoch 0), so the checker judges both strategies alike.
-func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config, rec *history.FileRecorder) {
+func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, ref natsops.ConsumerRef, u ownership.Unit, cfg config, rec *history.FileRecorder, log logr.Logger) {
 	record := func(r history.Record) {
 		if rec != nil {
 			r.Unit, r.Member = u.String(), cfg.member
@@ -122,10 +122,17 @@ func pullIndependently(ctx context.Context, js jetstream.JetStream, pool *pgxpoo
 		}
 	}
 	var cons jetstream.Consumer
+	missing := false
 	for ctx.Err() == nil {
 		if cons == nil {
 			c, err := js.Consumer(ctx, ref.Stream, ref.Name)
 			if err != nil {
+				// Said once: a worker asking for a consumer nobody
+				// provisioned (a wrong subject prefix) pulls nothing.
+				if !missing && ctx.Err() == nil {
+					log.Error(err, "Unit consumer not found yet; asking again", "unit", u.String(), "stream", ref.Stream, "consumer", ref.Name)
+					missing = true
+				}
 				time.Sleep(200 * time.Millisecond)
 				continue
 			}

@@ -17,10 +17,16 @@ import (
 // units of a topology it is told about, and remembers every id the
 // stream acknowledged.
 type Publisher struct {
-	f      *Fleet
-	js     jetstream.JetStream
-	mu     sync.Mutex
-	topo   ownership.Topology
+	f  *Fleet
+	js jetstream.JetStream
+	// idPrefix starts every row id after the fleet's RowPrefix ("row" for
+	// StartPublisher), so publishers running side by side never send one
+	// id twice (the stream drops a repeated id as a duplicate).
+	idPrefix string
+	mu       sync.Mutex
+	topo     ownership.Topology
+	// units, when set, are the units rows go to instead of topo's.
+	units  []ownership.Unit
 	acked  map[string]ownership.Unit
 	failed int
 	stop   chan struct{}
@@ -34,7 +40,22 @@ func (f *Fleet) StartPublisher(topo ownership.Topology, rate int) *Publisher {
 	if err != nil {
 		f.T.Fatal(err)
 	}
-	p := &Publisher{f: f, js: js, topo: topo, acked: map[string]ownership.Unit{}, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Publisher{f: f, js: js, idPrefix: "row", topo: topo, acked: map[string]ownership.Unit{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go p.run(rate)
+	return p
+}
+
+// StartUnitPublisher publishes about rate rows a second, round robin over
+// units, with row ids "<prefix>-<n>", until Stop: steady traffic on chosen
+// units beside StartPublisher's (prefix must differ from "row" and from
+// every other publisher's).
+func (f *Fleet) StartUnitPublisher(prefix string, units []ownership.Unit, rate int) *Publisher {
+	js, err := jetstream.New(f.NATS.Connect(-1))
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	p := &Publisher{f: f, js: js, idPrefix: prefix, units: units, acked: map[string]ownership.Unit{},
+		stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run(rate)
 	return p
 }
@@ -58,10 +79,13 @@ func (p *Publisher) run(rate int) {
 		case <-tick.C:
 		}
 		p.mu.Lock()
-		units := p.topo.Units()
+		units := p.units
+		if units == nil {
+			units = p.topo.Units()
+		}
 		p.mu.Unlock()
 		u := units[n%len(units)]
-		id := fmt.Sprintf("%srow-%08d", p.f.Opts.RowPrefix, n)
+		id := fmt.Sprintf("%s%s-%08d", p.f.Opts.RowPrefix, p.idPrefix, n)
 		msg := &nats.Msg{Subject: p.subject(u, id), Header: nats.Header{}, Data: []byte(id)}
 		msg.Header.Set(nats.MsgIdHdr, id)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

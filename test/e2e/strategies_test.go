@@ -216,17 +216,19 @@ func failOnForbidden(w *world, st *topologyv1.ShardTopology) {
 }
 
 // independent is the baseline: every worker places on its own with the N
-// and V it was started with; a change is a pod-by-pod restart.
+// and V it was started with; a change is a pod-by-pod restart, highest
+// ordinal first, as a StatefulSet rolls.
 type independent struct {
 	replicas int32
 	topo     ownership.Topology
 	// extra are the rows driveOverlap published; moved counts the units
-	// it found pulled by an old and a replaced pod at once; overlapped says
-	// it saw the overlap it drives; bursts numbers its bursts.
-	extra      map[string]ownership.Unit
-	moved      int
-	overlapped bool
-	bursts     int
+	// it found pulled by an old and a replaced pod at once; overlaps are
+	// the overlapping windows it saw on them (it stops driving at the
+	// first change of a run that shows some); drives numbers its drives.
+	extra    map[string]ownership.Unit
+	moved    int
+	overlaps int64
+	drives   int
 }
 
 func (*independent) Name() string { return "independent" }
@@ -237,6 +239,10 @@ func (s *independent) Setup(w *world, topo ownership.Topology, replicas int32) {
 	w.createStatefulSet(replicas, map[string]string{
 		"WORKER_STRATEGY": "independent", "REPLICAS": strconv.Itoa(int(replicas)),
 		"PARTITIONS": strconv.Itoa(topo.Partitions), "SHARDS": strconv.Itoa(topo.Shards),
+		// Without a registry nobody tells these workers the prefix the
+		// fleet's streams use (the sample's topology derives one per
+		// namespace); a fleet hashing on its own configures it.
+		"SUBJECT_PREFIX": w.fleet.Layout.SubjectPrefix, "CONSUMER_NAME": w.fleet.Layout.ConsumerName,
 	})
 	w.waitPodsReady(replicas, time.Minute)
 }
@@ -246,14 +252,14 @@ func (s *independent) Change(w *world, topo ownership.Topology) {
 	w.updateTemplateEnv(map[string]string{"PARTITIONS": strconv.Itoa(topo.Partitions), "SHARDS": strconv.Itoa(topo.Shards)})
 	from := s.topo
 	rollPodsByHand(w, s.replicas, func(replaced int) {
-		if s.overlapped {
+		if s.overlaps > 0 {
 			return
 		}
 		moved := movedUnits(from, topo, s.replicas, replaced)
 		s.moved += len(moved)
-		rows, ok := s.driveOverlap(w, moved)
+		rows, n := s.driveOverlap(w, moved)
 		maps.Copy(s.extra, rows)
-		s.overlapped = ok
+		s.overlaps += n
 	})
 	s.topo = topo
 }
