@@ -320,7 +320,10 @@ func TestAManualApprovalIsRecordedBeforeItsEpochIsWritten(t *testing.T) {
 		}
 		if o, ok := obj.(*topologyv1.ShardTopology); ok {
 			mu.Lock()
-			patches = append(patches, patchSeen{approved: o.Status.ApprovedPlanHash, pending: f.snapshot().Pending != nil})
+			// Before the topology's first reconcile there is no registry
+			// row, and nothing pending.
+			snap, err := f.reg.Snapshot(ctx, f.key())
+			patches = append(patches, patchSeen{approved: o.Status.ApprovedPlanHash, pending: err == nil && snap.Pending != nil})
 			mu.Unlock()
 		}
 		return nil

@@ -79,8 +79,8 @@ func TestAResumedOldLeaderNeitherDeletesAPodNorUndoesTheNewLeadersDrain(t *testi
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(f.topo)}
 	eventually(t, 60*time.Second, func() error {
 		_, _ = old.Reconcile(ctx, req)
-		if s := f.snapshot(); s.Active == nil {
-			return errors.New("no active epoch yet")
+		if s, err := f.reg.Snapshot(ctx, f.key()); err != nil || s.Active == nil {
+			return fmt.Errorf("no active epoch yet (%v)", err)
 		}
 		return nil
 	})
