@@ -7,14 +7,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/controllers"
 	"github.com/shardkeeper/shardkeeper/internal/plugin/plugintest"
 	"github.com/shardkeeper/shardkeeper/internal/plugin/status"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
@@ -283,4 +287,86 @@ func TestAnApprovalGivenBeforeARevertDoesNotApproveTheNextChange(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The approval of a Manual change is recorded in status before the change
+// starts. The final status patch of a reconcile is dropped when the spec
+// moved meanwhile; an approval recorded only there (after the pending
+// epoch was written) was lost with it, and the annotation left behind was
+// then refused as stale once the change finished. Every status patch is
+// watched here: the first one carrying the approved hash must land while
+// the registry still has no pending epoch.
+// checks P7
+func TestAManualApprovalIsRecordedBeforeItsEpochIsWritten(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.topo.Spec.Rollout.Approval = topologyv1.ApprovalManual
+	f.withStatefulSet(0, "w")
+	f.create()
+	type patchSeen struct {
+		approved string
+		pending  bool
+	}
+	var (
+		mu      sync.Mutex
+		patches []patchSeen
+	)
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: k.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ic := interceptor.NewClient(wc, interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+		if err := c.SubResource(sub).Patch(ctx, obj, patch, opts...); err != nil {
+			return err
+		}
+		if o, ok := obj.(*topologyv1.ShardTopology); ok {
+			mu.Lock()
+			// Before the topology's first reconcile there is no registry
+			// row, and nothing pending.
+			snap, err := f.reg.Snapshot(ctx, f.key())
+			patches = append(patches, patchSeen{approved: o.Status.ApprovedPlanHash, pending: err == nil && snap.Pending != nil})
+			mu.Unlock()
+		}
+		return nil
+	}})
+	r := &controllers.ShardTopologyReconciler{Client: ic, Recorder: events.NewFakeRecorder(10000)}
+	startSimWorker(t, f.reg, f.key(), "w-0", false)
+	eventually(t, 60*time.Second, func() error {
+		if st := reconcileOnce(t, r, f.topo); st.Status.Phase != topologyv1.PhaseReady {
+			return fmt.Errorf("phase %s, want Ready", st.Status.Phase)
+		}
+		return nil
+	})
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	var hash string
+	eventually(t, 30*time.Second, func() error {
+		st := reconcileOnce(t, r, f.topo)
+		if p := st.Status.Plan; p == nil || p.State != topologyv1.PlanProposalReady || st.Status.ObservedGeneration != st.Generation {
+			return fmt.Errorf("plan %+v, want a ProposalReady plan for generation %d", p, st.Generation)
+		}
+		hash = st.Status.Plan.Hash
+		return nil
+	})
+	f.update(func(o *topologyv1.ShardTopology) {
+		o.Annotations = map[string]string{topologyv1.ApproveAnnotation: hash}
+	})
+	eventually(t, 60*time.Second, func() error {
+		st := reconcileOnce(t, r, f.topo)
+		if s := f.snapshot(); s.Active == nil || s.Active.Number < 2 || st.Status.ApprovedPlanHash != hash {
+			return fmt.Errorf("active %+v, approvedPlanHash %q: want epoch 2 active under plan %s", s.Active, st.Status.ApprovedPlanHash, hash)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i, p := range patches {
+		if p.approved != hash {
+			continue
+		}
+		if p.pending {
+			t.Fatalf("status patch %d carried approvedPlanHash %s only after the pending epoch was written: a dropped final patch loses it", i, hash)
+		}
+		return
+	}
+	t.Fatalf("no status patch carried approvedPlanHash %s (%d patches)", hash, len(patches))
 }

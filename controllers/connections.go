@@ -27,8 +27,16 @@ import (
 //
 // The zero value is ready to use. It is safe for concurrent use.
 type Connections struct {
+	// Identity names this operator process as the holder of the operator
+	// tokens it takes (poolctl.OperatorToken); empty means one made up at
+	// first use from the host name, the process ID and a random suffix.
+	Identity string
+
 	mu      sync.Mutex
 	entries map[types.NamespacedName]*topologyConns
+	// superseded are the topologies whose operator token a newer leader
+	// took from this process; it never takes one again (operator_fence.go).
+	superseded map[types.NamespacedName]error
 }
 
 // topologyConns are one topology's connections and what the operator
@@ -40,6 +48,11 @@ type topologyConns struct {
 
 	regKey string
 	reg    *poolctl.PG
+	// opReg is reg bound to the operator token this process took for the
+	// topology in that registry, nil until it took one.
+	opReg *poolctl.PG
+	// tokenTakenAt is when this process took it, on its own clock.
+	tokenTakenAt time.Time
 	// ensured is the lease parameters last written with EnsureTopology.
 	ensured *poolctl.Params
 
@@ -121,34 +134,48 @@ func (c *Connections) lookup(key types.NamespacedName) *topologyConns {
 }
 
 // Registry returns the topology's registry, opening (and migrating) it when
-// none is cached for this DSN.
-func (c *Connections) Registry(ctx context.Context, key types.NamespacedName, dsn string) (*poolctl.PG, error) {
+// none is cached for this DSN, bound to the operator token this process
+// takes for topology (the registry key) the first time it opens that
+// registry: a process leads once, so it takes a token once, and never
+// again once a newer leader took one (the error says so).
+func (c *Connections) Registry(ctx context.Context, key types.NamespacedName, topology, dsn string) (*poolctl.PG, error) {
+	if err := c.supersededErr(key); err != nil {
+		return nil, err
+	}
 	e := c.entry(key)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	h := hashString(dsn)
-	if e.reg != nil && e.regKey == h {
-		return e.reg, nil
+	if e.reg != nil && e.regKey == h && e.opReg != nil {
+		return e.opReg, nil
 	}
-	if e.reg != nil {
+	if e.reg != nil && e.regKey != h {
 		e.reg.Close()
-		e.reg, e.regKey, e.ensured = nil, "", nil
+		e.reg, e.regKey, e.ensured, e.opReg = nil, "", nil, nil
 	}
-	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: dsn, MaxConns: 4})
-	if err != nil {
-		// pgx redacts passwords from its errors; the DSN is taken out
-		// whole as well, whatever its form, since status shows errors.
-		if dsn != "" && strings.Contains(err.Error(), dsn) {
-			return nil, errors.New(strings.ReplaceAll(err.Error(), dsn, "<dsn>"))
+	if e.reg == nil {
+		reg, err := poolctl.Open(ctx, poolctl.Config{DSN: dsn, MaxConns: 4})
+		if err != nil {
+			// pgx redacts passwords from its errors; the DSN is taken out
+			// whole as well, whatever its form, since status shows errors.
+			if dsn != "" && strings.Contains(err.Error(), dsn) {
+				return nil, errors.New(strings.ReplaceAll(err.Error(), dsn, "<dsn>"))
+			}
+			return nil, err
 		}
-		return nil, err
+		e.reg, e.regKey = reg, h
 	}
-	e.reg, e.regKey = reg, h
-	return reg, nil
+	tok, err := e.reg.TakeOperatorToken(ctx, topology, c.identity())
+	if err != nil {
+		return nil, fmt.Errorf("take the operator token: %w", err)
+	}
+	e.opReg, e.tokenTakenAt = e.reg.AsOperator(tok), time.Now()
+	return e.opReg, nil
 }
 
-// CachedRegistry returns the topology's registry if one is open, whatever
-// its Secret now says; the finalizer uses it when the Secret is gone.
+// CachedRegistry returns the topology's registry, bound to this process's
+// operator token, if one is open, whatever its Secret now says; the
+// finalizer uses it when the Secret is gone.
 func (c *Connections) CachedRegistry(key types.NamespacedName) *poolctl.PG {
 	e := c.lookup(key)
 	if e == nil {
@@ -156,7 +183,7 @@ func (c *Connections) CachedRegistry(key types.NamespacedName) *poolctl.PG {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.reg
+	return e.opReg
 }
 
 // EnsureTopology writes the lease parameters when they differ from what
@@ -367,7 +394,7 @@ func (e *topologyConns) close() {
 	defer e.mu.Unlock()
 	if e.reg != nil {
 		e.reg.Close()
-		e.reg = nil
+		e.reg, e.opReg = nil, nil
 	}
 	for _, nc := range []*nats.Conn{e.nc, e.sys} {
 		if nc != nil {

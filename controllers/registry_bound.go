@@ -193,7 +193,7 @@ func (b *boundedRegistry) Claims(ctx context.Context, topology string) ([]poolct
 func (r *ShardTopologyReconciler) openRegistry(ctx context.Context, s *scope, dsn string) (poolctl.Registry, error) {
 	octx, cancel := context.WithTimeout(ctx, registryOpenTimeout)
 	defer cancel()
-	pg, err := r.conns().Registry(octx, s.key, dsn)
+	pg, err := r.conns().Registry(octx, s.key, s.registryKey(), dsn)
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(octx.Err(), context.DeadlineExceeded) {
 			return nil, &RegistryTimeoutError{Op: "Open", After: registryOpenTimeout, Err: err}

@@ -62,6 +62,11 @@ type ShardTopologyReconciler struct {
 	RegistryTimeout time.Duration
 	// Now is the clock for condition transition times; nil means time.Now.
 	Now func() time.Time
+	// OnSuperseded is called once when a newer operator leader took a
+	// topology's registry token from this process (operator_fence.go);
+	// the operator's main stops the process. nil: the process goes on
+	// refusing itself every write to that topology.
+	OnSuperseded func(error)
 
 	once     sync.Once
 	ownConns *Connections
@@ -101,6 +106,11 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 
 	s := newScope(topo, r.now())
+	if err := r.conns().supersededErr(s.key); err != nil {
+		// A newer leader owns the topology, its registry rows and its
+		// status: write nothing.
+		return ctrl.Result{}, reconcile.TerminalError(err)
+	}
 	if s.firstSight() {
 		// Write Ready=Unknown and Reconciling=True before doing anything, so
 		// a GitOps tool never reads a new object as healthy. The status
@@ -113,6 +123,11 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 
 	defer func() {
+		if r.superseded(ctx, s, retErr) {
+			// The status this process would write is the stale leader's.
+			retErr = reconcile.TerminalError(retErr)
+			return
+		}
 		obs := s.observation(retErr)
 		compute := func(t *topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return computeStatus(t, obs, s.now) }
 		if err := r.patchStatus(ctx, s, compute); err != nil {

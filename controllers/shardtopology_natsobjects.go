@@ -82,6 +82,31 @@ func (s *scope) persistEnvelope(ctx context.Context, r *ShardTopologyReconciler)
 	return nil
 }
 
+// persistApproval writes hash to status.approvedPlanHash before the change
+// it approves starts, when status does not hold it yet. The final status
+// patch of a reconcile is dropped when the spec moved meanwhile; if the
+// approval were recorded only there, a change started in such a reconcile
+// would go on (its epoch is in the registry) with no record of what
+// approved it, and the approve annotation left on the object would be
+// refused aloud as stale once the change finished. Only the hash is
+// patched; the reconcile's final status patch starts from the object this
+// returns.
+func (s *scope) persistApproval(ctx context.Context, r *ShardTopologyReconciler, hash string) error {
+	if s.topo.Status.ApprovedPlanHash == hash {
+		return nil
+	}
+	patched := s.topo.DeepCopy()
+	patched.Status.ApprovedPlanHash = hash
+	if err := r.Client.Status().Patch(ctx, patched, client.MergeFrom(s.topo)); err != nil {
+		return fmt.Errorf("record approved plan %s in status before starting it: %w", hash, err)
+	}
+	next := s.topo.DeepCopy()
+	next.ResourceVersion = patched.ResourceVersion
+	next.Status.ApprovedPlanHash = hash
+	s.topo = next
+	return nil
+}
+
 // covers says whether the recorded envelope holds every unit of want.
 func covers(recorded, want *topologyv1.TopologyShape) bool {
 	if want == nil {

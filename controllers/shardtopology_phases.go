@@ -51,6 +51,9 @@ type scope struct {
 
 	// stall is set by a step that found something only a person can fix.
 	stall *StallError
+	// strayDrainsHeld: a drain request with no pod in flight was kept
+	// because this leader's token is new (clearStrayDrains).
+	strayDrainsHeld bool
 	// failedStep names the step that returned an error.
 	failedStep string
 

@@ -185,10 +185,17 @@ func (w *rollWorld) outdated(inFlight []topologyv1.PodRollStatus) []podView {
 // rollPods advances the pods in flight and starts the next ones.
 func rollPods(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	w := s.rollWorld
-	if err := s.clearStrayDrains(ctx); err != nil {
+	age, ok := r.conns().tokenAge(s.key, time.Now())
+	if !ok {
+		age = r.strayDrainHold() // no token taken by this Connections: nothing to wait for
+	}
+	if err := s.clearStrayDrains(ctx, age, r.strayDrainHold()); err != nil {
 		return ctrl.Result{}, err
 	}
 	if !s.roll.active {
+		if s.strayDrainsHeld {
+			return ctrl.Result{RequeueAfter: pollFast}, nil
+		}
 		return ctrl.Result{}, nil
 	}
 	if !w.settled {
@@ -424,20 +431,26 @@ func (r *ShardTopologyReconciler) advanceOldPod(ctx context.Context, s *scope, e
 		return &e, fmt.Sprintf("pod %s handed over; paused before deleting it", e.Name), nil
 	}
 	// Delete only what the registry says holds nothing right now, under
-	// a drain request that keeps it so until the pod is gone.
-	m, err := s.drainedMember(ctx, e.Name)
+	// a drain request that keeps it so until the pod is gone, as checked
+	// by the current leader (operator_fence.go).
+	checkStart := time.Now()
+	dm, err := s.drainedMember(ctx, e.Name)
 	if err != nil {
 		return nil, "", err
 	}
-	if m != nil && m.Holds > 0 {
-		e.Step, e.Holds, e.Since = topologyv1.PodStepHandingOver, int32(m.Holds), ptrTime(s.now)
-		e.Incarnation = max(e.Incarnation, m.Incarnation)
-		log.FromContext(ctx).Info("Pod claimed units after its handover was verified; delete called off", "member", e.Name, "holds", m.Holds)
-		return &e, fmt.Sprintf("pod %s: holds %d units again; handing over before it is deleted", e.Name, m.Holds), nil
+	if dm.Holds > 0 {
+		e.Step, e.Holds, e.Since = topologyv1.PodStepHandingOver, int32(dm.Holds), ptrTime(s.now)
+		e.Incarnation = max(e.Incarnation, dm.Incarnation)
+		log.FromContext(ctx).Info("Pod claimed units after its handover was verified; delete called off", "member", e.Name, "holds", dm.Holds)
+		return &e, fmt.Sprintf("pod %s: holds %d units again; handing over before it is deleted", e.Name, dm.Holds), nil
 	}
-	if m != nil {
-		// The replacement must join after whatever incarnation runs now.
-		e.Incarnation = max(e.Incarnation, m.Incarnation)
+	// The replacement must join after whatever incarnation runs now.
+	e.Incarnation = max(e.Incarnation, dm.Incarnation)
+	if took := time.Since(checkStart); took > r.deleteCheckValid() {
+		// Paused (or slow) between the check and the delete: a newer
+		// leader may have lifted the drain request since. Check again.
+		log.FromContext(ctx).Info("Registry check before a pod delete is too old; checking again", "member", e.Name, "age", took.String())
+		return &e, fmt.Sprintf("pod %s: the registry check before deleting it took %s; checking again", e.Name, took.Round(time.Millisecond)), nil
 	}
 	uid := types.UID(e.UID)
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: e.Name, Namespace: s.topo.Namespace}}
@@ -484,20 +497,23 @@ func (s *scope) holdsPlacement(m *poolctl.Member) (bool, string) {
 	return false, fmt.Sprintf("holds %d of the %d units placement gives it; %d/%d units owned", have, want, owned, total)
 }
 
-// drainedMember sets member's drain request and then reads the member
-// from the registry under it: what it holds then it can no longer add to
-// (a draining member claims nothing), so a delete decided on it is
-// decided on the registry at that moment. nil means no row at all.
-func (s *scope) drainedMember(ctx context.Context, member string) (*poolctl.Member, error) {
-	if err := s.setDraining(ctx, member, true); err != nil {
-		return nil, err
+// drainedMember sets member's drain request and reads the member from
+// the registry under it, in one transaction under this leader's operator
+// token (poolctl.OperatorRegistry.DrainedMember): what it holds then it
+// can no longer add to (a draining member claims nothing, and claims in
+// flight are waited for), so a delete decided on it is decided on the
+// registry at that moment, by the leader of that moment.
+func (s *scope) drainedMember(ctx context.Context, member string) (poolctl.Member, error) {
+	d, ok := s.reg.(drainedMemberReader)
+	if !ok {
+		return poolctl.Member{}, errNoDrainedMember
 	}
-	snap, err := s.reg.Snapshot(ctx, s.registryKey())
+	m, err := d.DrainedMember(ctx, s.registryKey(), member)
 	if err != nil {
-		return nil, fmt.Errorf("read member %s again before deleting its pod: %w", member, err)
+		return poolctl.Member{}, fmt.Errorf("check member %s under its drain request before deleting its pod: %w", member, err)
 	}
 	s.changed = true
-	return snap.Member(member), nil
+	return m, nil
 }
 
 // setDraining sets or clears the member's drain request. Clearing the
@@ -513,10 +529,19 @@ func (s *scope) setDraining(ctx context.Context, member string, draining bool) e
 	return nil
 }
 
-// clearStrayDrains clears drain requests no pod in flight stands behind.
-func (s *scope) clearStrayDrains(ctx context.Context) error {
+// clearStrayDrains clears drain requests no pod in flight stands behind,
+// except within hold of this process taking the operator token: a request
+// the previous leader set may be what its last pod delete relied on
+// (operator_fence.go).
+func (s *scope) clearStrayDrains(ctx context.Context, tokenAge, hold time.Duration) error {
 	for _, m := range s.snap.Members {
 		if !m.Draining || slices.ContainsFunc(s.roll.inFlight, func(e topologyv1.PodRollStatus) bool { return e.Name == m.Name }) {
+			continue
+		}
+		if tokenAge < hold {
+			log.FromContext(ctx).V(1).Info("Drain request with no pod in flight kept while the previous leader's deletes may land",
+				"member", m.Name, "clearAfter", (hold - tokenAge).String())
+			s.strayDrainsHeld = true
 			continue
 		}
 		if err := s.setDraining(ctx, m.Name, false); err != nil {

@@ -388,6 +388,11 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 	if err := s.provision(ctx, r, w.target, routed); err != nil {
 		return ctrl.Result{}, err
 	}
+	if w.manual && s.plan != nil {
+		if err := s.persistApproval(ctx, r, s.plan.Hash); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	epoch, err := s.reg.CreatePending(ctx, s.registryKey(), w.target.Partitions, w.target.Shards)
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("write epoch %s as pending: %w", w.target, err)

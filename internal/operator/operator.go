@@ -152,6 +152,27 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	if o.FullSecretCache {
 		r.SecretReader = mgr.GetClient()
 	}
+	// A process superseded as operator leader in a registry (another
+	// replica took the topology's operator token while this one was
+	// paused) stops: it starts again as a follower and waits for the
+	// Lease, rather than go on refusing itself every write.
+	superseded := make(chan error, 1)
+	r.OnSuperseded = func(err error) {
+		select {
+		case superseded <- err:
+		default:
+		}
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-superseded:
+			return fmt.Errorf("another operator leader took over in the registry: %w", err)
+		}
+	})); err != nil {
+		return nil, fmt.Errorf("add supersession watch: %w", err)
+	}
 	setup := controllers.SetupOptions{SkipNameValidation: o.SkipControllerNameValidation, FullSecretCache: o.FullSecretCache}
 	if err := r.SetupWithManager(ctx, mgr, setup); err != nil {
 		return nil, fmt.Errorf("set up %s controller: %w", controllers.ControllerName, err)

@@ -104,6 +104,9 @@ type PG struct {
 	// marks are this client's highest registry sequences seen (issue 22),
 	// fed by the commit trigger's notices on connections Open made.
 	marks *seqMarks
+	// op is the operator token this handle writes under (AsOperator),
+	// nil for none.
+	op *OperatorToken
 }
 
 var (
@@ -187,7 +190,7 @@ func (p *PG) EnsureTopology(ctx context.Context, topology string, prm Params) er
 		return fmt.Errorf("topology %q: %w", topology, err)
 	}
 	prm = prm.normalized()
-	_, err := p.pool.Exec(ctx, `
+	_, err := p.opExec(ctx, topology, `
 		INSERT INTO shardkeeper.topologies (topology, lease_ttl, renew_interval, query_bound, grace,
 			subject_prefix, consumer_name, drain_timeout)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -320,7 +323,7 @@ func IsConnectionError(err error) bool {
 func isRuleError(err error) bool {
 	for _, e := range []error{ErrUnknownTopology, ErrNotMember, ErrStaleIncarnation, ErrDisplaced, ErrLeaseExpired, ErrFenced,
 		ErrDraining, ErrNoActiveEpoch, ErrEpochMoved, ErrFrozen, ErrUnitOutOfRange, ErrHeld, ErrStaleEpoch, ErrStillHolding,
-		ErrPendingExists, ErrEpochState, ErrFreezeIncomplete, ErrConflict, ErrInvalid, ErrSchemaTooNew, ErrRegistryBehind} {
+		ErrPendingExists, ErrEpochState, ErrFreezeIncomplete, ErrConflict, ErrInvalid, ErrSchemaTooNew, ErrRegistryBehind, ErrOperatorSuperseded} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -51,7 +51,7 @@ func (p *PG) CreatePending(ctx context.Context, topology string, partitions, sha
 		created, pn *int64
 		pp, ps      *int
 	)
-	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+	err := p.opPipeline(ctx, topology, func(b *pgx.Batch) {
 		b.Queue(lockTopologySQL, topology)
 		b.Queue(createPendingSQL, topology, partitions, shards)
 		b.Queue(floorRowsSQL, topology, partitions, shards)
@@ -166,7 +166,7 @@ func (p *PG) Activate(ctx context.Context, topology string, epoch int64) error {
 		state            *string
 		missing          []string
 	)
-	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+	err := p.opPipeline(ctx, topology, func(b *pgx.Batch) {
 		b.Queue(lockTopologySQL, topology)
 		b.Queue(activateRetireSQL, topology, epoch)
 		b.Queue(activateSQL, topology, epoch)
@@ -200,7 +200,7 @@ func (p *PG) Retire(ctx context.Context, topology string, epoch int64) error {
 		state *string
 		done  *int
 	)
-	err := p.pool.QueryRow(ctx, `
+	err := p.opQueryRow(ctx, topology, `
 		WITH t AS (SELECT shardkeeper.clock($1) AS now),
 		e AS (SELECT * FROM shardkeeper.epochs WHERE topology = $1 AND epoch = $2),
 		upd AS (
@@ -208,7 +208,7 @@ func (p *PG) Retire(ctx context.Context, topology string, epoch int64) error {
 			 WHERE x.topology = $1 AND x.epoch = $2 AND x.state = 'pending'
 			RETURNING 1 AS done)
 		SELECT t.now, e.state, upd.done FROM t LEFT JOIN e ON true LEFT JOIN upd ON true`,
-		topology, epoch).Scan(&now, &state, &done)
+		[]any{topology, epoch}, &now, &state, &done)
 	if err != nil {
 		return fmt.Errorf("retire epoch %d of %s: %w", epoch, topology, err)
 	}
@@ -229,7 +229,7 @@ func (p *PG) PublishResetPermission(ctx context.Context, topology string, rp Res
 	if err != nil || rp.Servers == nil {
 		servers = []byte("{}")
 	}
-	tag, err := p.pool.Exec(ctx, `
+	tag, err := p.opExec(ctx, topology, `
 		INSERT INTO shardkeeper.reset_permissions (topology, allowed, census_taken_at, reason, floor, servers, published_at)
 		SELECT topology, $2, shardkeeper.clock(topology) - $3::interval, $4, $5, $6::jsonb, shardkeeper.clock(topology)
 		  FROM shardkeeper.topologies WHERE topology = $1

@@ -255,11 +255,7 @@ func (p *PG) SetDraining(ctx context.Context, topology, member string, draining 
 		return fmt.Errorf("set draining: empty member name: %w", ErrInvalid)
 	}
 	if draining {
-		tag, err := p.pool.Exec(ctx, `
-			INSERT INTO shardkeeper.members (topology, member, slot, incarnation, lease_expires_at, joined_at, left_at, draining)
-			SELECT $1, $2, NULL, 0, shardkeeper.clock(topology), shardkeeper.clock(topology), shardkeeper.clock(topology), true
-			  FROM shardkeeper.topologies WHERE topology = $1
-			ON CONFLICT (topology, member) DO UPDATE SET draining = true`, topology, member)
+		tag, err := p.opExec(ctx, topology, setDrainingSQL, topology, member)
 		if err != nil {
 			return fmt.Errorf("set draining of %s: %w", member, err)
 		}
@@ -268,7 +264,7 @@ func (p *PG) SetDraining(ctx context.Context, topology, member string, draining 
 		}
 		return nil
 	}
-	tag, err := p.pool.Exec(ctx, `UPDATE shardkeeper.members SET draining = $3 WHERE topology = $1 AND member = $2`,
+	tag, err := p.opExec(ctx, topology, `UPDATE shardkeeper.members SET draining = $3 WHERE topology = $1 AND member = $2`,
 		topology, member, draining)
 	if err != nil {
 		return fmt.Errorf("set draining of %s: %w", member, err)

@@ -13,12 +13,12 @@ func (p *PG) SetRetiring(ctx context.Context, topology string, units []string) e
 		return fmt.Errorf("set retiring units of %s: %w", topology, err)
 	}
 	var known bool
-	err = p.pool.QueryRow(ctx, `
+	err = p.opQueryRow(ctx, topology, `
 		WITH t AS (SELECT topology FROM shardkeeper.topologies WHERE topology = $1),
 		del AS (DELETE FROM shardkeeper.retiring_units r WHERE r.topology IN (SELECT topology FROM t) AND r.unit <> ALL($2::text[])),
 		ins AS (INSERT INTO shardkeeper.retiring_units (topology, unit)
 		        SELECT t.topology, u FROM t, unnest($2::text[]) AS u ON CONFLICT DO NOTHING)
-		SELECT EXISTS (SELECT 1 FROM t)`, topology, units).Scan(&known)
+		SELECT EXISTS (SELECT 1 FROM t)`, []any{topology, units}, &known)
 	if err != nil {
 		return fmt.Errorf("set retiring units of %s: %w", topology, err)
 	}

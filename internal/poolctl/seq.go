@@ -266,7 +266,7 @@ func (p *PG) Recover(ctx context.Context, topology string, seen RecoverFloor, ma
 	}
 	seenSeq := max(seen.Seq, p.marks.get(topology))
 	var out Recovered
-	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+	err := p.opPipeline(ctx, topology, func(b *pgx.Batch) {
 		b.Queue(lockTopologySQL, topology)
 		// The lost count is read under the topology lock in the same
 		// transaction; the statements below take it as a subquery.

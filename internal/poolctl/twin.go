@@ -14,11 +14,22 @@ import (
 // clock_timestamp(). Tests run the same scenarios against both and compare
 // outcomes.
 type Twin struct {
+	*twinState
+	// op is the operator token this view writes under (AsOperator), nil
+	// for none.
+	op *OperatorToken
+}
+
+// twinState is what every view of one twin shares.
+type twinState struct {
 	mu    sync.Mutex
 	clock func() time.Time
 	topos map[string]*twinTopology
 	// mutation is zero except in the simulator's mutation tests.
 	mutation twinMutation
+	// ops are the operator tokens taken, by topology (they outlive the
+	// topology, as PG's do).
+	ops map[string]OperatorToken
 }
 
 type twinTopology struct {
@@ -54,7 +65,7 @@ func NewTwin(clock func() time.Time) *Twin {
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Twin{clock: clock, topos: map[string]*twinTopology{}}
+	return &Twin{twinState: &twinState{clock: clock, topos: map[string]*twinTopology{}}}
 }
 
 // ShiftClock moves the topology's registry clock forward by d (test hook;
@@ -96,6 +107,9 @@ func (t *Twin) EnsureTopology(_ context.Context, topology string, p Params) erro
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.checkOperator(topology); err != nil {
+		return err
+	}
 	if tp, ok := t.topos[topology]; ok {
 		tp.params = p.normalized()
 		return nil
@@ -174,6 +188,14 @@ func (t *Twin) claims(topology string) ([]ClaimInfo, error) {
 func (t *Twin) SetDraining(_ context.Context, topology, member string, draining bool) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.checkOperator(topology); err != nil {
+		return err
+	}
+	return t.setDraining(topology, member, draining)
+}
+
+// setDraining is SetDraining with t.mu held and the operator checked.
+func (t *Twin) setDraining(topology, member string, draining bool) error {
 	tp, err := t.topo(topology)
 	if err != nil {
 		return err
@@ -204,6 +226,9 @@ func (t *Twin) SetRetiring(_ context.Context, topology string, units []string) e
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.checkOperator(topology); err != nil {
+		return err
+	}
 	tp, err := t.topo(topology)
 	if err != nil {
 		return err

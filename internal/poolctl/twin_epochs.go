@@ -14,6 +14,9 @@ func (t *Twin) CreatePending(_ context.Context, topology string, partitions, sha
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.checkOperator(topology); err != nil {
+		return 0, err
+	}
 	tp, err := t.topo(topology)
 	if err != nil {
 		return 0, err
@@ -60,6 +63,9 @@ func (t *Twin) AckFreeze(_ context.Context, m MemberRef, epoch int64) error {
 func (t *Twin) Activate(_ context.Context, topology string, epoch int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.checkOperator(topology); err != nil {
+		return err
+	}
 	tp, err := t.topo(topology)
 	if err != nil {
 		return err
@@ -96,6 +102,9 @@ func (t *Twin) Activate(_ context.Context, topology string, epoch int64) error {
 func (t *Twin) Retire(_ context.Context, topology string, epoch int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.checkOperator(topology); err != nil {
+		return err
+	}
 	tp, err := t.topo(topology)
 	if err != nil {
 		return err
@@ -115,6 +124,9 @@ func (t *Twin) Retire(_ context.Context, topology string, epoch int64) error {
 func (t *Twin) PublishResetPermission(_ context.Context, topology string, p ResetPermission) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.checkOperator(topology); err != nil {
+		return err
+	}
 	tp, err := t.topo(topology)
 	if err != nil {
 		return err
