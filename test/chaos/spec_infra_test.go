@@ -230,6 +230,21 @@ func natsLeaderKilledDuringHandover() func(*scene) {
 		if first.rec.Member == pod {
 			who = "the holder's next incarnation"
 		}
+		// Each owner since the kill and its first delivery of the unit
+		// after its claim, for the log: an owner that held the unit long
+		// after NATS elected a new leader and delivered nothing would be
+		// a defect this check does not catch by itself.
+		deliveries := acts(s.histories(), history.KindDeliver)
+		for _, e := range owners {
+			firstOwn := "none"
+			for _, a := range deliveries {
+				if a.rec.Unit == unit && a.rec.Member == e.Owner && a.rec.Incarnation == e.Incarnation && !a.at.Before(e.At) {
+					firstOwn = fmt.Sprintf("%s after its %s", a.at.Sub(e.At).Round(time.Millisecond), e.Op)
+					break
+				}
+			}
+			s.t.Logf("owner since the kill: %s/%d %s at %+.1fs after the kill, first delivery %s", e.Owner, e.Incarnation, e.Op, e.At.Sub(killAt).Seconds(), firstOwn)
+		}
 		s.note("unit %s: its consumer's leader %s killed while %s (incarnation %d) held it HandingOver, down %s; owners claiming it since: %s; delivered again %s after the kill by %s incarnation %d (%s)",
 			unit, proc.Config.Name, pod, inc, natsDownLength, describeClaims(owners), first.at.Sub(killAt).Round(time.Millisecond), first.rec.Member, first.rec.Incarnation, who)
 	}
