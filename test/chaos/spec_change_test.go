@@ -41,13 +41,18 @@ type pendingEpoch struct {
 
 // moveWhilePending waits until the registry holds pending's epoch as
 // pending and changes the spec to next at once. It returns the step the
-// registry showed just before the move and when the move began.
+// awaited snapshot showed and when the move began. The step comes from
+// that snapshot, not a fresh read: every read between the snapshot and
+// the move widens the window in which the freeze completes first.
 func (s *scene) moveWhilePending(pending, next ownership.Topology) pendingEpoch {
 	s.t.Helper()
-	s.awaitRegistry("the pending epoch", time.Minute, pendingIs(pending))
-	step := s.stepNow(pending)
+	sn := s.awaitRegistry("the pending epoch", time.Minute, pendingIs(pending))
 	at := time.Now()
 	s.setShape(next)
+	step := topologyv1.StepFreeze
+	if allAcked(sn) {
+		step = topologyv1.StepActivate
+	}
 	return pendingEpoch{at: at, step: step}
 }
 

@@ -186,10 +186,14 @@ const natsDownLength = 20 * time.Second
 func natsLeaderKilledDuringHandover() func(*scene) {
 	return func(s *scene) {
 		const pod = "ingest-2"
-		units := s.unitsOf(pod)
-		if len(units) == 0 {
-			s.t.Fatalf("%s holds no unit", pod)
-		}
+		// Ready does not wait for the last pod to claim its share.
+		var units []string
+		s.eventually(time.Minute, func() error {
+			if units = s.unitsOf(pod); len(units) == 0 {
+				return fmt.Errorf("%s holds no unit yet", pod)
+			}
+			return nil
+		})
 		unit := units[0]
 		inc := s.incarnationOf(pod)
 		s.disturb()
