@@ -40,6 +40,7 @@ func registryOutage(hung bool) func(*scene) {
 	return func(s *scene) {
 		const slow = "ingest-0"
 		topo := s.spec()
+		s.awaitEveryPodHolds(topo)
 		s.disturb()
 		s.slowSink(slow, 200*time.Millisecond)
 		s.awaitInFlight(slow)
@@ -79,6 +80,29 @@ func (s *scene) cutRegistry(hung, on bool) {
 		}
 	}
 	s.t.Logf("registry outage (hung %t): %t", hung, on)
+}
+
+// awaitEveryPodHolds waits until every unit of topo is held and every pod
+// holds one: Ready does not wait for the last pod to claim its share, and
+// an outage that lands mid-rebalance moves units after the return.
+func (s *scene) awaitEveryPodHolds(topo ownership.Topology) {
+	s.t.Helper()
+	s.eventually(time.Minute, func() error {
+		owners := s.owners()
+		holds := map[string]int{}
+		for _, o := range owners {
+			holds[o]++
+		}
+		for _, pod := range podsOf(s.input.Replicas) {
+			if holds[pod] == 0 {
+				return fmt.Errorf("%s holds no unit yet (%d of %d units held)", pod, len(owners), topo.Len())
+			}
+		}
+		if len(owners) < topo.Len() {
+			return fmt.Errorf("%d of %d units held", len(owners), topo.Len())
+		}
+		return nil
+	})
 }
 
 // expectOutageTookEffect checks that the registry outage [start, back]
