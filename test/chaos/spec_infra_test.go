@@ -263,15 +263,19 @@ func natsLeaderKilledDuringHandover() func(*scene) {
 		// after NATS elected a new leader and delivered nothing would be
 		// a defect this check does not catch by itself.
 		deliveries := acts(s.histories(), history.KindDeliver)
-		for _, e := range owners {
+		for i, e := range owners {
 			firstOwn := "none"
+			until := time.Now()
+			if i+1 < len(owners) {
+				until = owners[i+1].At
+			}
 			for _, a := range deliveries {
-				if a.rec.Unit == unit && a.rec.Member == e.Owner && a.rec.Incarnation == e.Incarnation && !a.at.Before(e.At) {
+				if a.rec.Unit == unit && a.rec.Member == e.Owner && a.rec.Incarnation == e.Incarnation && !a.at.Before(e.At) && a.at.Before(until) {
 					firstOwn = fmt.Sprintf("%s after its %s", a.at.Sub(e.At).Round(time.Millisecond), e.Op)
 					break
 				}
 			}
-			s.t.Logf("owner since the kill: %s/%d %s at %+.1fs after the kill, first delivery %s", e.Owner, e.Incarnation, e.Op, e.At.Sub(killAt).Seconds(), firstOwn)
+			s.t.Logf("owner since the kill: %s/%d %s at %+.1fs after the kill, first delivery before the next claim %s", e.Owner, e.Incarnation, e.Op, e.At.Sub(killAt).Seconds(), firstOwn)
 		}
 		s.note("unit %s: its consumer's leader %s killed while %s (incarnation %d) held it HandingOver, down %s; owners claiming it since: %s; delivered again %s after the kill by %s incarnation %d (%s)",
 			unit, proc.Config.Name, pod, inc, natsDownLength, describeClaims(owners), first.at.Sub(killAt).Round(time.Millisecond), first.rec.Member, first.rec.Incarnation, who)
