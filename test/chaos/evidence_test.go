@@ -188,6 +188,72 @@ func redelivered(procs []history.Process, rows map[string]time.Time, member stri
 	return out
 }
 
+// inFlightAt lists the rows delivered before at and not settled by then
+// (never, or only after at), by the member that held each: what the
+// fleet's handlers held at instant at.
+func inFlightAt(procs []history.Process, at time.Time) map[string]string {
+	open := map[string]string{}
+	for _, a := range acts(procs) {
+		if a.rec.RowID == "" || a.at.After(at) {
+			continue
+		}
+		switch a.rec.Kind {
+		case history.KindDeliver:
+			open[a.rec.RowID] = a.rec.Member
+		case history.KindAck, history.KindNak, history.KindTerm:
+			delete(open, a.rec.RowID)
+		}
+	}
+	return open
+}
+
+// leaseHistory reads the registry's lease history directly.
+func (s *scene) leaseHistory() []poolctl.LeaseEvent {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := s.fleet.Registry.LeaseHistory(ctx, s.fleet.Topology)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return h
+}
+
+// leaseEventsBetween lists the lease grants, leaves and fence changes
+// the registry recorded in (from, to).
+func leaseEventsBetween(events []poolctl.LeaseEvent, from, to time.Time) []poolctl.LeaseEvent {
+	var out []poolctl.LeaseEvent
+	for _, e := range events {
+		if e.At.After(from) && e.At.Before(to) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// leaseEndAt is when the last lease the registry granted member before at
+// ran out (zero when it granted none).
+func leaseEndAt(events []poolctl.LeaseEvent, member string, at time.Time) time.Time {
+	var end time.Time
+	for _, e := range events {
+		if e.Member == member && !e.At.After(at) && !e.Left {
+			end = e.ExpiresAt
+		}
+	}
+	return end
+}
+
+// epochOf is the registry's first epoch of shape topo, false when none
+// was written.
+func (s *scene) epochOf(topo ownership.Topology) (poolctl.EpochSpan, bool) {
+	for _, e := range s.epochHistory() {
+		if e.Partitions == topo.Partitions && e.Shards == topo.Shards {
+			return e, true
+		}
+	}
+	return poolctl.EpochSpan{}, false
+}
+
 // claimHistory reads the registry's claim history directly.
 func (s *scene) claimHistory() []poolctl.ClaimEvent {
 	s.t.Helper()

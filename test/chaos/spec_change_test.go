@@ -11,6 +11,7 @@ import (
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
 // Scenarios 8, 9 and 11: the spec and the abort annotation changing under
@@ -23,32 +24,63 @@ import (
 func changedWhilePending(second, third ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		s.setShape(second)
-		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(second))
-		s.setShape(third)
+		moved := s.moveWhilePending(second, third)
 		s.settle()
 		s.waitReady(third, readyTimeout)
-		s.expectAbandoned(second)
+		s.expectAbandoned(second, moved)
 		s.expectNothingStranded(third)
 	}
 }
 
-// expectAbandoned checks that the epoch of shape was written and retired
-// without ever being active.
-func (s *scene) expectAbandoned(shape ownership.Topology) {
+// pendingEpoch is what the registry said, just before the spec moved on,
+// of the change it moved away from.
+type pendingEpoch struct {
+	at   time.Time
+	step string // Freeze or Activate: pending, not active
+}
+
+// moveWhilePending waits until the registry holds pending's epoch as
+// pending and changes the spec to next at once. It returns the step the
+// awaited snapshot showed and when the move began. The step comes from
+// that snapshot, not a fresh read: every read between the snapshot and
+// the move widens the window in which the freeze completes first.
+func (s *scene) moveWhilePending(pending, next ownership.Topology) pendingEpoch {
 	s.t.Helper()
-	for _, e := range s.epochHistory() {
-		if e.Partitions != shape.Partitions || e.Shards != shape.Shards {
-			continue
-		}
-		if !e.ActivatedAt.IsZero() {
-			s.t.Errorf("epoch %d (%s) was activated at %s before the spec moved on: the scenario lost its race with the freeze; rerun it",
-				e.Number, shape, e.ActivatedAt.Format("15:04:05.000"))
-			return
-		}
-		s.note("epoch %d (%s) retired while pending, never active", e.Number, shape)
-		return
+	sn := s.awaitRegistry("the pending epoch", time.Minute, pendingIs(pending))
+	at := time.Now()
+	s.setShape(next)
+	step := topologyv1.StepFreeze
+	if allAcked(sn) {
+		step = topologyv1.StepActivate
 	}
-	s.t.Errorf("no epoch of shape %s was ever written", shape)
+	return pendingEpoch{at: at, step: step}
+}
+
+// expectAbandoned checks that the fault took effect (the epoch of shape
+// was pending, Freeze or Activate in the registry, when the spec moved
+// on) and that the epoch was retired after the move without ever being
+// active.
+func (s *scene) expectAbandoned(shape ownership.Topology, moved pendingEpoch) {
+	s.t.Helper()
+	if moved.step != topologyv1.StepFreeze && moved.step != topologyv1.StepActivate {
+		s.t.Errorf("the spec moved away from %s at step %s (registry, just before): its epoch was not pending", shape, moved.step)
+	}
+	e, ok := s.epochOf(shape)
+	switch {
+	case !ok:
+		s.t.Errorf("no epoch of shape %s was ever written", shape)
+	case !e.ActivatedAt.IsZero():
+		s.t.Errorf("epoch %d (%s) was activated at %s before the spec moved on: the scenario lost its race with the freeze; rerun it",
+			e.Number, shape, e.ActivatedAt.Format("15:04:05.000"))
+	case e.RetiredAt.IsZero():
+		s.t.Errorf("epoch %d (%s) was never retired", e.Number, shape)
+	case e.RetiredAt.Before(moved.at):
+		s.t.Errorf("epoch %d (%s) was retired at %s, before the spec moved on at %s: it was not pending when the spec moved",
+			e.Number, shape, e.RetiredAt.Format("15:04:05.000"), moved.at.Format("15:04:05.000"))
+	default:
+		s.note("epoch %d (%s) was pending at step %s when the spec moved on (registry), retired %s later, never active",
+			e.Number, shape, moved.step, e.RetiredAt.Sub(moved.at).Round(time.Millisecond))
+	}
 }
 
 // expectNothingStranded checks, once Ready at topo, that nothing outside
@@ -101,16 +133,31 @@ func (s *scene) consumerNames(p int) []string {
 }
 
 // abortAfterActivation sets the abort annotation once the change to `to`
-// is active. As documented, an active epoch is not undone: the change
-// completes. While the annotation stays, a change back is held (Stalled,
-// RolloutAborted) and no epoch starts; once it goes, the change back goes
-// through.
+// is active, while it still claims units. As documented, an active epoch
+// is not undone: the change completes. While the annotation stays, a
+// change back is held (Stalled, RolloutAborted) and no epoch starts; once
+// it goes, the change back goes through. The fault must take effect: the
+// epoch activated before the annotation was set (registry) and the change
+// not over once it was (a unit still unowned or retiring, registry).
 func abortAfterActivation(to ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		from := s.spec()
 		s.setShape(to)
-		s.awaitRegistry("the new epoch active", time.Minute, activeIs(to))
+		s.awaitRegistry("the new epoch active with units unowned", time.Minute, func(sn poolctl.Snapshot) bool {
+			return activeIs(to)(sn) && s.someUnowned(to)
+		})
+		set := time.Now()
 		s.annotate(topologyv1.AbortAnnotation, "true")
+		step := s.stepNow(to)
+		e, ok := s.epochOf(to)
+		switch {
+		case !ok || e.ActivatedAt.IsZero() || e.ActivatedAt.After(set):
+			s.t.Errorf("the epoch of %s was not active before the abort annotation was set at %s (registry: %+v)", to, set.Format("15:04:05.000"), e)
+		case step == "done":
+			s.t.Errorf("the change to %s was over once the abort annotation was set (registry): the abort met no change under way", to)
+		}
+		s.note("abort set %s after the epoch of %s activated (registry), with the change at step %s once set",
+			set.Sub(e.ActivatedAt).Round(time.Millisecond), to, step)
 		s.waitReady(to, readyTimeout)
 		s.note("abort set after activation: the change to %s completed (an active epoch is not undone)", to)
 		s.setShape(from)
@@ -132,13 +179,28 @@ func abortAfterActivation(to ownership.Topology) func(*scene) {
 // abortDuringPodRoll sets the abort annotation while a pod hands over in
 // a pod roll. As documented, abort retires pending epochs and holds new
 // ones; a pod roll is neither, so it goes on to the end without a stall.
+// The fault must take effect: the pod held units when the annotation was
+// set and handed at least one over to another member after (claim
+// history).
 func abortDuringPodRoll() func(*scene) {
 	return func(s *scene) {
+		const pod = "ingest-1"
 		s.rollPods()
-		s.awaitStatus("ingest-1 HandingOver", 3*time.Minute, func(g sighting) bool { return g.podStep("ingest-1") == topologyv1.PodStepHandingOver })
+		s.awaitStatus(pod+" HandingOver", 3*time.Minute, func(g sighting) bool { return g.podStep(pod) == topologyv1.PodStepHandingOver })
+		inc := s.incarnationOf(pod)
 		set := time.Now()
 		s.annotate(topologyv1.AbortAnnotation, "true")
 		s.waitReady(s.spec(), readyTimeout)
+		events := s.claimHistory()
+		held := heldAt(events, pod, set)
+		handed := takenOver(events, held, pod, inc, set, time.Now())
+		switch {
+		case len(held) == 0:
+			s.t.Errorf("%s held no unit when the abort annotation was set: its handover was over, the abort met no pod handing over", pod)
+		case len(handed) == 0:
+			s.t.Errorf("none of the %d units %s held when the abort was set went to another member or incarnation after: no handover met the abort", len(held), pod)
+		}
+		s.note("abort set while %s held %d units; %d of them handed over after it (claim history)", pod, len(held), len(handed))
 		for _, g := range s.status.since(set) {
 			if c, reason := g.condition(topologyv1.ConditionStalled); c == metav1.ConditionTrue {
 				s.t.Errorf("abort during a pod roll stalled the topology (%s): %s", reason, g)
@@ -160,11 +222,10 @@ func transformRevertedWhileFreezing(to ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		from := s.spec()
 		s.setShape(to)
-		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(to))
-		s.setShape(from)
+		moved := s.moveWhilePending(to, from)
 		s.settle()
 		s.waitReady(from, readyTimeout)
-		s.expectAbandoned(to)
+		s.expectAbandoned(to, moved)
 		s.expectNoRowsBeyond(from, to)
 		s.expectNothingStranded(from)
 	}

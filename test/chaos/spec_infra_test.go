@@ -3,6 +3,9 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"net"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 	"github.com/shardkeeper/shardkeeper/pkg/history"
 )
 
@@ -28,18 +32,27 @@ const registryOutageLength = 30 * time.Second
 // as a hung server (every postgres process SIGSTOPped), then brings it
 // back. Nothing may be delivered while fenced, nobody may adopt within the
 // grace after the return (the owners renew first), the units return to
-// their owners, and every unit flows within lease + grace + 5s.
+// their owners, and every unit flows within lease + grace + 5s. The fault
+// must take effect: units held and rows in flight when it began (one
+// pod's sink is slow until then), no lease event in the registry during
+// it, and every holder's last lease run out before the return.
 func registryOutage(hung bool) func(*scene) {
 	return func(s *scene) {
+		const slow = "ingest-0"
 		topo := s.spec()
-		before := s.owners()
+		s.awaitEveryPodHolds(topo)
 		s.disturb()
+		s.slowSink(slow, 200*time.Millisecond)
+		s.awaitInFlight(slow)
+		before := s.owners()
 		start := time.Now()
 		s.cutRegistry(hung, true)
+		s.slowSink(slow, 0)
 		time.Sleep(registryOutageLength)
 		s.cutRegistry(hung, false)
 		back := time.Now()
 		s.settle()
+		s.expectOutageTookEffect(before, start, back)
 		s.expectFlowWithin(topo, back, s.flowBound(), "after the registry came back")
 		s.waitReady(topo, readyTimeout)
 		s.expectNoAdoptionWithin(back, s.params.Grace)
@@ -69,7 +82,72 @@ func (s *scene) cutRegistry(hung, on bool) {
 	s.t.Logf("registry outage (hung %t): %t", hung, on)
 }
 
-// expectNoAdoptionWithin checks the claim history for adoptions in [from,
+// awaitEveryPodHolds waits until every unit of topo is held and every pod
+// holds one: Ready does not wait for the last pod to claim its share, and
+// an outage that lands mid-rebalance moves units after the return.
+func (s *scene) awaitEveryPodHolds(topo ownership.Topology) {
+	s.t.Helper()
+	s.eventually(time.Minute, func() error {
+		owners := s.owners()
+		holds := map[string]int{}
+		for _, o := range owners {
+			holds[o]++
+		}
+		for _, pod := range podsOf(s.input.Replicas) {
+			if holds[pod] == 0 {
+				return fmt.Errorf("%s holds no unit yet (%d of %d units held)", pod, len(owners), topo.Len())
+			}
+		}
+		if len(owners) < topo.Len() {
+			return fmt.Errorf("%d of %d units held", len(owners), topo.Len())
+		}
+		return nil
+	})
+}
+
+// expectOutageTookEffect checks that the registry outage [start, back]
+// was one: units were held and rows in flight when it began, the registry
+// recorded no lease grant, leave or fence change during it (nobody reached
+// it), and every member that held a unit at its start saw its last lease
+// run out before the return (so each was fenced for a while).
+func (s *scene) expectOutageTookEffect(before map[string]string, start, back time.Time) {
+	s.t.Helper()
+	rows := inFlightAt(s.histories(), start)
+	leases := s.leaseHistory()
+	// A renewal already committing when the cut came may land just after.
+	during := leaseEventsBetween(leases, start.Add(time.Second), back)
+	holders := map[string]bool{}
+	for _, owner := range before {
+		holders[owner] = true
+	}
+	lapsed, latest := 0, time.Time{}
+	for m := range holders {
+		end := leaseEndAt(leases, m, back)
+		if end.IsZero() || !end.Before(back) {
+			s.t.Errorf("%s held units when the registry went away, and its lease ran to %s, past the return at %s: it was never fenced",
+				m, end.Format("15:04:05.000"), back.Format("15:04:05.000"))
+			continue
+		}
+		lapsed++
+		if end.After(latest) {
+			latest = end
+		}
+	}
+	switch {
+	case len(before) == 0:
+		s.t.Errorf("no unit was held when the registry went away: the outage tested nothing")
+	case len(rows) == 0:
+		s.t.Errorf("no row was in flight when the registry went away: no handler met the fence")
+	case len(during) > 0:
+		e := during[0]
+		s.t.Errorf("the registry recorded %d lease events during the outage (the first: %s incarnation %d at %s): it was reachable",
+			len(during), e.Member, e.Incarnation, e.At.Format("15:04:05.000"))
+	}
+	s.note("at the cut %d units were held by %d members with %d rows in flight; lease events during the outage: %d; every holder's lease ran out (%d of %d), the last %s after the cut",
+		len(before), len(holders), len(rows), len(during), lapsed, len(holders), latest.Sub(start).Round(time.Millisecond))
+}
+
+// expectNoAdoptionWithin checks the claim history for adoptions in [
 // from+d].
 func (s *scene) expectNoAdoptionWithin(from time.Time, d time.Duration) {
 	s.t.Helper()
@@ -121,20 +199,32 @@ const natsDownLength = 20 * time.Second
 // consumer the moment a pod roll asks the unit's holder to hand it over:
 // the holder's drain, UNPIN and release and the new owner's UNPIN and
 // first pulls all meet the consumer's leader election. It restarts the
-// server after a while and checks that the unit reaches its new owner.
+// server after a while and checks that the unit is delivered again by an
+// owner whose claim postdates the kill. That owner may be another member
+// or the holder's own next incarnation: slots are sticky, so once the
+// rolled pod rejoins it gets its units back, and an interim owner whose
+// consumer had no leader meanwhile may hand the unit back without having
+// delivered. The fault must take effect: the server killed led the
+// unit's consumer and the holder still held the unit at the kill, and the
+// unit left the holder's incarnation after it (claim history).
 func natsLeaderKilledDuringHandover() func(*scene) {
 	return func(s *scene) {
 		const pod = "ingest-2"
-		units := s.unitsOf(pod)
-		if len(units) == 0 {
-			s.t.Fatalf("%s holds no unit", pod)
-		}
+		// Ready does not wait for the last pod to claim its share.
+		var units []string
+		s.eventually(time.Minute, func() error {
+			if units = s.unitsOf(pod); len(units) == 0 {
+				return fmt.Errorf("%s holds no unit yet", pod)
+			}
+			return nil
+		})
 		unit := units[0]
-		server := s.consumerLeader(unit)
+		inc := s.incarnationOf(pod)
 		s.disturb()
 		s.rollPods()
 		s.awaitStatus(pod+" HandingOver", 2*time.Minute, func(g sighting) bool { return g.podStep(pod) == topologyv1.PodStepHandingOver })
-		proc := s.in.nats.Procs[server]
+		// The leader now, not before the roll: it may have moved.
+		proc := s.in.nats.Procs[s.consumerLeader(unit)]
 		proc.Kill()
 		killAt := time.Now()
 		s.t.Logf("killed NATS server %s, leader of unit %s's consumer", proc.Config.Name, unit)
@@ -146,23 +236,82 @@ func natsLeaderKilledDuringHandover() func(*scene) {
 			s.t.Fatal(err)
 		}
 		s.settle()
-		// The new owner is another member: the holder's own next
-		// incarnation (its pod comes back from the roll) would not show a
-		// handover at all.
-		var took time.Duration
-		var owner string
+		var owners []poolctl.ClaimEvent
+		var first act
 		s.eventually(3*time.Minute, func() error {
+			owners = claimsAfter(s.claimHistory(), unit, pod, inc, killAt)
+			if len(owners) == 0 {
+				return fmt.Errorf("unit %s not claimed since the kill by anyone but %s incarnation %d", unit, pod, inc)
+			}
 			for _, a := range acts(s.histories(), history.KindDeliver) {
-				if a.rec.Unit == unit && a.at.After(killAt) && a.rec.Member != pod {
-					took, owner = a.at.Sub(killAt), a.rec.Member
+				if a.rec.Unit == unit && claimedBefore(owners, a) {
+					first = a
 					return nil
 				}
 			}
-			return fmt.Errorf("unit %s not delivered by another member than %s yet", unit, pod)
+			return fmt.Errorf("unit %s not delivered since the kill by an owner claiming it after the kill (%s)", unit, describeClaims(owners))
 		})
-		s.note("unit %s handed over from %s to %s while its consumer leader %s was down %s: new owner delivering %s after the kill",
-			unit, pod, owner, proc.Config.Name, natsDownLength, took.Round(time.Millisecond))
+		if held := heldAt(s.claimHistory(), pod, killAt); !slices.Contains(held, unit) {
+			s.t.Errorf("%s no longer held unit %s when its consumer's leader was killed: the handover under test was over", pod, unit)
+		}
+		who := "another member"
+		if first.rec.Member == pod {
+			who = "the holder's next incarnation"
+		}
+		// Each owner since the kill and its first delivery of the unit
+		// after its claim, for the log: an owner that held the unit long
+		// after NATS elected a new leader and delivered nothing would be
+		// a defect this check does not catch by itself.
+		deliveries := acts(s.histories(), history.KindDeliver)
+		for i, e := range owners {
+			firstOwn := "none"
+			until := time.Now()
+			if i+1 < len(owners) {
+				until = owners[i+1].At
+			}
+			for _, a := range deliveries {
+				if a.rec.Unit == unit && a.rec.Member == e.Owner && a.rec.Incarnation == e.Incarnation && !a.at.Before(e.At) && a.at.Before(until) {
+					firstOwn = fmt.Sprintf("%s after its %s", a.at.Sub(e.At).Round(time.Millisecond), e.Op)
+					break
+				}
+			}
+			s.t.Logf("owner since the kill: %s/%d %s at %+.1fs after the kill, first delivery before the next claim %s", e.Owner, e.Incarnation, e.Op, e.At.Sub(killAt).Seconds(), firstOwn)
+		}
+		s.note("unit %s: its consumer's leader %s killed while %s (incarnation %d) held it HandingOver, down %s; owners claiming it since: %s; delivered again %s after the kill by %s incarnation %d (%s)",
+			unit, proc.Config.Name, pod, inc, natsDownLength, describeClaims(owners), first.at.Sub(killAt).Round(time.Millisecond), first.rec.Member, first.rec.Incarnation, who)
 	}
+}
+
+// claimsAfter lists the claims on unit that (member, inc) did not make,
+// from at on: who took it over.
+func claimsAfter(events []poolctl.ClaimEvent, unit, member string, inc int64, at time.Time) []poolctl.ClaimEvent {
+	var out []poolctl.ClaimEvent
+	for _, e := range events {
+		if e.Unit == unit && !e.At.Before(at) && e.Owner != "" && e.State != poolctl.StateFree && (e.Owner != member || e.Incarnation != inc) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// claimedBefore reports whether a's process (member and incarnation)
+// claimed the unit, by one of claims, before a.
+func claimedBefore(claims []poolctl.ClaimEvent, a act) bool {
+	for _, e := range claims {
+		if e.Owner == a.rec.Member && e.Incarnation == a.rec.Incarnation && !e.At.After(a.at) {
+			return true
+		}
+	}
+	return false
+}
+
+// describeClaims renders claim events for a message.
+func describeClaims(events []poolctl.ClaimEvent) string {
+	var parts []string
+	for _, e := range events {
+		parts = append(parts, fmt.Sprintf("%s %s/%d at %s", e.Op, e.Owner, e.Incarnation, e.At.Format("15:04:05.000")))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // consumerLeader is the index of the server leading unit's consumer.
@@ -205,7 +354,10 @@ const honestyLag = censusInterval + 10*time.Second + 3*time.Second
 // natsRestartMidRollout restarts one NATS server while the change to `to`
 // claims units, and checks the census through it: RESET refused (fail
 // closed) and VersionFloorMet not True while the server is down, both
-// back once it is up.
+// back once it is up. The fault must take effect: the rollout mid-step
+// when the server went (registry, just before), the server's port
+// refusing connections from then until just before its restart, and
+// censuses taken in between.
 func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		s.setShape(to)
@@ -214,9 +366,12 @@ func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 		})
 		verdicts := s.sampleVerdicts()
 		proc := s.in.nats.Procs[1]
+		landed := s.stepNow(to)
 		proc.Stop(10 * time.Second)
 		down := time.Now()
+		downFirst := serverGone(proc)
 		time.Sleep(natsRestartLength)
+		downLast := serverGone(proc)
 		if err := proc.Start(30 * time.Second); err != nil {
 			s.t.Fatal(err)
 		}
@@ -237,6 +392,19 @@ func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 		verdicts.stop()
 		s.logFloorTimeline(down, up)
 		verdicts.log(s.t, down)
+		censuses := verdicts.takenBetween(down.Add(time.Second), up)
+		switch {
+		case landed == "done":
+			s.t.Errorf("the change to %s was over when the server went down (registry): no rollout step met the restart", to)
+		case downFirst != nil:
+			s.t.Errorf("NATS server %s still answered once stopped: %v", proc.Config.Name, downFirst)
+		case downLast != nil:
+			s.t.Errorf("NATS server %s answered before the test restarted it: %v", proc.Config.Name, downLast)
+		case censuses == 0:
+			s.t.Errorf("no census was taken while %s was down: the census under test never met the outage", proc.Config.Name)
+		}
+		s.note("NATS server %s stopped at step %s of the change to %s (registry); its port refused connections when stopped and %s later; %d censuses taken while it was down",
+			proc.Config.Name, landed, to, natsRestartLength, censuses)
 		if !back || !allowed {
 			s.t.Fatalf("after the restart: VersionFloorMet True again %t, RESET allowed again %t", back, allowed)
 		}
@@ -292,6 +460,37 @@ func (v *verdictSampler) log(t testing.TB, down time.Time) {
 			last = line
 		}
 	}
+}
+
+// takenBetween counts the distinct censuses sampled that were taken in
+// (from, to).
+func (v *verdictSampler) takenBetween(from, to time.Time) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	seen := map[time.Time]bool{}
+	for _, x := range v.samples {
+		// The registry's clock reads the census age to the microsecond:
+		// one census sampled twice may differ by a hair.
+		at := x.takenAt.Round(10 * time.Millisecond)
+		if x.takenAt.After(from) && x.takenAt.Before(to) {
+			seen[at] = true
+		}
+	}
+	return len(seen)
+}
+
+// serverGone is nil when proc has exited and its client port refuses
+// connections, or what shows it is still there.
+func serverGone(proc *natstest.Proc) error {
+	if proc.Running() {
+		return fmt.Errorf("process still running")
+	}
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", proc.Config.Port), time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("port %d accepted a connection", proc.Config.Port)
+	}
+	return nil
 }
 
 // allowedSince reports whether a census taken after t allowed RESET.

@@ -25,10 +25,13 @@ import (
 // (namespace chaos-13b, same NATS account, the scenario's registry
 // database), checks that the two got streams of their own marked with
 // their owners, ends the second fleet's traffic and judges it, then
-// changes the first to `to` while the second is deleted. The registry
-// database holds both topologies' claims and, beside them, the one sink
-// table the reference workers write behind the claim guard; each scene
-// judges only its own rows (its scene id starts their ids).
+// changes the first to `to` and deletes the second while the first's new
+// epoch is pending. The registry database holds both topologies' claims
+// and, beside them, the one sink table the reference workers write behind
+// the claim guard; each scene judges only its own rows (its scene id
+// starts their ids). The fault must take effect: the second still had
+// consumers and claims when deleted, and the first's change was under way
+// (its epoch pending or claiming, registry) then.
 func sharedAccountAndRegistry(to ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		other := newScene(s.t, s.in, specInput{ID: "13b", Name: "the deleted neighbour", From: shape(2, 4), Replicas: 2, Rate: 40,
@@ -40,12 +43,11 @@ func sharedAccountAndRegistry(to ownership.Topology) func(*scene) {
 			s.t.Fatalf("both topologies use subject prefix %q", s.fleet.Layout.SubjectPrefix)
 		}
 
-		// The change starts while the neighbour still publishes; once the
-		// new epoch is active the neighbour ends: its publishers stop,
-		// every row is delivered and judged, then it is deleted, while
-		// the first topology claims and retires.
-		s.setShape(to)
-		s.awaitRegistry("epoch "+to.String()+" active", 2*time.Minute, activeIs(to))
+		// The neighbour ends first: its publisher stops, every row is
+		// delivered and judged. Then the first topology's change starts,
+		// and the neighbour is deleted while the new epoch is pending, so
+		// the operator retires one topology's consumers while it freezes,
+		// claims and retires for the other on the same account.
 		published := other.stopTraffic()
 		v, _, err := other.fleet.Verdict(published, 3*time.Minute, false)
 		switch {
@@ -58,10 +60,27 @@ func sharedAccountAndRegistry(to ownership.Topology) func(*scene) {
 		}
 		s.note("neighbour verdict: %d published, %d lost, %d overlapping windows, %d stale acks, %d unexplained duplicates",
 			v.Published, v.Lost, v.OverlappingWindows, v.StaleAcks, v.DupUnexplained)
+		s.setShape(to)
+		s.awaitRegistry("epoch "+to.String()+" pending", 2*time.Minute, pendingIs(to))
+		claims, consumers := len(other.owners()), 0
+		for p := range other.input.From.Partitions {
+			consumers += len(other.consumerNames(p))
+		}
+		step := s.stepNow(to)
+		deleted := time.Now()
 		other.deleteTopology()
 		other.awaitGone(3 * time.Minute)
 		s.settle()
 		s.waitReady(to, readyTimeout)
+		e, _ := s.epochOf(to)
+		switch {
+		case claims == 0 || consumers == 0:
+			s.t.Errorf("the neighbour had %d claims and %d consumers when deleted: its deletion retired nothing", claims, consumers)
+		case step == "done" || e.ActivatedAt.IsZero():
+			s.t.Errorf("the change to %s was at step %s when the neighbour was deleted (epoch activated %v): no change of ours met the deletion", to, step, e.ActivatedAt)
+		}
+		s.note("neighbour deleted holding %d claims over %d consumers while our change to %s was at step %s (registry); our epoch activated %s after the deletion began",
+			claims, consumers, to, step, e.ActivatedAt.Sub(deleted).Round(time.Millisecond))
 		s.expectNothingStranded(to)
 		s.expectOwnStreams()
 		for p := range other.input.From.Partitions {
