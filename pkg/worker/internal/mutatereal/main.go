@@ -83,14 +83,14 @@ var table = []mutation{
 		pkg: "./pkg/worker", test: "TestSigstopLongerThanLeaseFencesThenRejoins"},
 	{name: sim.MutNoSinkGuard, hook: sinkHook, with: `const sinkGuard = "(" + worker.GuardSQL + " OR true)"`,
 		pkg: "./cmd/shardkeeper-worker", test: "TestSinkWritesOnlyUnderAValidClaim"},
-	coreMutation(member.ConfirmDuringHandoverStartsPuller, "./pkg/worker", "TestRecoveryDoesNotRestartAUnitInHandover"),
-	coreMutation(member.ConfirmWithoutVersionCheck, "./pkg/worker", "TestRecoveryDoesNotRestartAUnitInHandover"),
+	coreMutation(member.ConfirmDuringHandoverStartsPuller, "./pkg/worker", "TestALostClaimReplyThenAPlacementChangeStrandsNothing"),
+	coreMutation(member.ConfirmWithoutVersionCheck, "./pkg/worker", "TestARestartedDrainingWorkerGivesUpItsDeadIncarnationsUnits"),
 	coreMutation(member.FreezeAckAcrossRejoin, "./pkg/worker", "TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain"),
 	coreMutation(member.LostClaimReplyGuessed, "./pkg/worker", "TestALostClaimReplyThenAPlacementChangeStrandsNothing"),
 	coreMutation(member.NoLazyFenceCheck, "./pkg/worker", "TestSigstopLongerThanLeaseFencesThenRejoins"),
 	coreMutation(member.NoSelfFence, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
 	coreMutation(member.SelfFenceAfterExpiry, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
-	coreMutation(member.StaleConfirmationApplied, "./pkg/worker", "TestRecoveryDoesNotRestartAUnitInHandover"),
+	coreMutation(member.StaleConfirmationApplied, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
 	coreMutation(member.StaleIncarnationRejoinsAtOnce, "./pkg/worker", "TestTwoProcessesUnderOnePodNameDoNotTakeTurns"),
 	coreMutation(member.UnpinSkippedBeforeFirstPull, "./pkg/worker", "TestSigkillTakeoverReturnsInFlightRows"),
 }
@@ -143,7 +143,7 @@ func main() {
 				continue
 			}
 			start := time.Now()
-			o, why, err := runTest(root, logs, "baseline", m, "", *timeout)
+			o, why, err := runTest(root, logs, "baseline-"+m.test, m, "", *timeout)
 			if err != nil {
 				fatal(err)
 			}
@@ -227,8 +227,9 @@ func pick(only, test string) []mutation {
 			want[n] = true
 		}
 	}
+	filter := len(want) > 0
 	for _, m := range table {
-		if len(want) > 0 && !want[m.name] {
+		if filter && !want[m.name] {
 			continue
 		}
 		delete(want, m.name)
