@@ -307,19 +307,28 @@ func runTest(root, logs, label string, m mutation, overlay string, timeout time.
 	return failed, failure(s, m.test), nil
 }
 
-// failure is the first message a failed test printed: the line after its
-// "--- FAIL" marker holding a file:line message, or a panic.
-var fileLine = regexp.MustCompile(`^\s+(\w+\.go:\d+: .*)$`)
+// failure is the message that failed the test: the last message a test
+// file printed under its "--- FAIL" marker (the ones before it are its
+// logs; the harness's worker logs come from other files), or a panic.
+var fileLine = regexp.MustCompile(`^\s+(\w+_test\.go:\d+: .*)$`)
 
 func failure(out, test string) string {
 	lines := strings.Split(out, "\n")
 	for i, l := range lines {
-		if strings.HasPrefix(strings.TrimSpace(l), "--- FAIL: "+test) {
-			for _, m := range lines[i+1:] {
-				if f := fileLine.FindStringSubmatch(m); f != nil {
-					return trim(f[1])
-				}
+		if !strings.HasPrefix(strings.TrimSpace(l), "--- FAIL: "+test) {
+			continue
+		}
+		last := ""
+		for _, m := range lines[i+1:] {
+			if strings.HasPrefix(m, "FAIL") || strings.HasPrefix(m, "--- ") || strings.HasPrefix(m, "=== ") {
+				break
 			}
+			if f := fileLine.FindStringSubmatch(m); f != nil {
+				last = f[1]
+			}
+		}
+		if last != "" {
+			return trim(last)
 		}
 	}
 	for _, l := range lines {
