@@ -67,7 +67,7 @@ mutate: ## Apply each protocol mutation and print the table: mutation, the simul
 	go run ./pkg/worker/internal/sim/cmd/sim -mutate
 
 .PHONY: mutate-real
-mutate-real: deps ## The real-parts half of make mutate (not in make test or CI: 20-40 min): each mutation applied to the real parts in turn, its chosen test run 3 times (RUNS=n); prints mutation, caught by, runs caught.
+mutate-real: deps ## The real-parts half of make mutate (slow: not in make test or CI): each mutation applied to the real parts in turn, its chosen test run 3 times (RUNS=n); prints mutation, caught by, runs caught.
 	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./pkg/worker/internal/mutatereal -runs $${RUNS:-3} $${ONLY:+-only $$ONLY}
 
 .PHONY: bench
