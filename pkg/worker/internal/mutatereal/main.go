@@ -91,6 +91,7 @@ var table = []mutation{
 	coreMutation(member.NoSelfFence, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
 	coreMutation(member.SelfFenceAfterExpiry, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
 	coreMutation(member.StaleConfirmationApplied, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
+	coreMutation(member.StaleIncarnationGivesUp, "./pkg/worker", "TestAWorkersOwnLateJoinDoesNotDisplaceIt"),
 	coreMutation(member.StaleIncarnationRejoinsAtOnce, "./pkg/worker", "TestTwoProcessesUnderOnePodNameDoNotTakeTurns"),
 	coreMutation(member.UnpinSkippedBeforeFirstPull, "./pkg/worker", "TestSigkillTakeoverReturnsInFlightRows"),
 }
