@@ -4,6 +4,7 @@
 #   make chaos  runs every chaos scenario
 #   make sim    runs the member simulator over 100,000 seeds
 #   make mutate shows the simulator catching each protocol mutation
+#   make mutate-real shows real-parts tests catching each (slow; not in make test)
 
 SHELL := /usr/bin/env bash -o pipefail
 
@@ -64,6 +65,10 @@ sim: ## Run the member simulator over 100,000 seeds (SEEDS=n) and print seeds ru
 .PHONY: mutate
 mutate: ## Apply each protocol mutation and print the table: mutation, the simulator check that caught it, seeds it took (at most 10,000 each).
 	go run ./pkg/worker/internal/sim/cmd/sim -mutate
+
+.PHONY: mutate-real
+mutate-real: deps ## The real-parts half of make mutate (slow: not in make test or CI): each mutation applied to the real parts in turn, its chosen test run 3 times (RUNS=n); prints mutation, caught by, runs caught.
+	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./pkg/worker/internal/mutatereal -runs $${RUNS:-3} $${ONLY:+-only $$ONLY}
 
 .PHONY: bench
 bench: deps ## Run the benchmarks of design.md section 10 (hack/bench) and print every row with its ratio; ROWS=a,c picks rows.

@@ -36,7 +36,7 @@ CREATE INDEX IF NOT EXISTS shardkeeper_sink_writes_id ON shardkeeper_sink_writes
 const insertGuarded = `
 WITH ins AS (
 	INSERT INTO shardkeeper_sink_writes (id, unit, member, epoch)
-	SELECT $5, $2, $3, $4 WHERE ` + worker.GuardSQL + `
+	SELECT $5, $2, $3, $4 WHERE ` + sinkGuard + `
 	RETURNING 1)
 SELECT (SELECT count(*) FROM shardkeeper_sink_writes WHERE id = $5) FROM ins`
 

@@ -173,7 +173,7 @@ func (p *PG) claimBatch(ctx context.Context, m MemberRef, under int64, units []s
 		if testHookClaimRead != nil {
 			testHookClaimRead()
 		}
-		decided, writes := decideBatch(m, under, units, v)
+		decided, writes := decideBatch(m, under, units, pgMutation.bent(v))
 		for u, o := range decided {
 			outs[u] = o
 		}

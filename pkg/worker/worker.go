@@ -140,8 +140,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.stopAllPullers()
 		w.calls.Wait()
 	}()
-	core := member.New(member.Config{Topology: w.opts.Topology, Member: w.opts.Member, Process: w.process,
-		FenceMargin: w.opts.FenceMargin, DrainTimeout: w.opts.DrainTimeout, ClaimBatch: w.opts.ClaimBatch})
+	core := member.New(coreConfig(member.Config{Topology: w.opts.Topology, Member: w.opts.Member, Process: w.process,
+		FenceMargin: w.opts.FenceMargin, DrainTimeout: w.opts.DrainTimeout, ClaimBatch: w.opts.ClaimBatch}))
 	l := &loop{w: w, core: core, timer: time.NewTimer(time.Hour), ticker: time.NewTicker(w.opts.TickInterval)}
 	defer l.ticker.Stop()
 	defer l.timer.Stop()
