@@ -38,7 +38,7 @@ func recoverBehindRegistry(ctx context.Context, r *ShardTopologyReconciler, s *s
 	be, behind := poolctl.RegistryBehind(err)
 	switch {
 	case err != nil && !behind:
-		return fmt.Errorf("check the registry's sequence: %w", err)
+		return retryAfter(fmt.Errorf("check the registry's sequence: %w", err), registryRetry)
 	case !behind:
 		r.conns().setBehindSince(s.key, time.Time{})
 		return nil
@@ -47,19 +47,22 @@ func recoverBehindRegistry(ctx context.Context, r *ShardTopologyReconciler, s *s
 	since := r.conns().noteBehind(s.key, now)
 	snap, err := s.reg.Snapshot(ctx, key)
 	if err != nil {
-		return fmt.Errorf("registry is behind (%v); read its parameters: %w", be, err)
+		return retryAfter(fmt.Errorf("registry is behind (%v); read its parameters: %w", be, err), registryRetry)
 	}
 	wait := snap.Params.RenewInterval + snap.Params.QueryBound
 	if now.Sub(since) < wait {
 		if since.Equal(now) {
 			r.event(s, "Warning", "RegistryBehind", "Detect", "%s; recovering once every worker has renewed", be.Error())
 		}
-		return fmt.Errorf("%w; recovering in %v, once every worker has renewed and reported what it saw",
-			be, (wait - now.Sub(since)).Round(time.Millisecond))
+		// A set requeue, not the rate limiter's backoff: the fenced
+		// workers wait for this Recover.
+		left := wait - now.Sub(since)
+		return retryAfter(fmt.Errorf("%w; recovering in %v, once every worker has renewed and reported what it saw",
+			be, left.Round(time.Millisecond)), left)
 	}
 	rec, err := sr.Recover(ctx, key, poolctl.RecoverFloor{}, 0)
 	if err != nil {
-		return fmt.Errorf("recover the registry (%v): %w", be, err)
+		return retryAfter(fmt.Errorf("recover the registry (%v): %w", be, err), registryRetry)
 	}
 	log.FromContext(ctx).Info("Registry recovered after going back in time", "lost", rec.Lost,
 		"tokenFloor", rec.TokenFloor, "epochFloor", rec.EpochFloor, "seq", rec.Seq)

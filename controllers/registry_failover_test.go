@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -94,3 +95,68 @@ func TestTheSequenceChecksSeeThroughTheDeadlineWrapper(t *testing.T) {
 		t.Fatal("a registry without replication settings was taken for one")
 	}
 }
+
+// behindRegistry is a registry found behind by every sequence check
+// until it is recovered.
+type behindRegistry struct {
+	poolctl.Registry
+	recovered int
+}
+
+func (r *behindRegistry) CheckSeq(_ context.Context, topology string) (int64, error) {
+	if r.recovered > 0 {
+		return 2000, nil
+	}
+	return 49, &poolctl.RegistryBehindError{Topology: topology, Seq: 49, Seen: 68, Reason: "a client has seen a later sequence"}
+}
+
+func (r *behindRegistry) Snapshot(context.Context, string) (poolctl.Snapshot, error) {
+	return poolctl.Snapshot{Params: poolctl.Params{RenewInterval: 600 * time.Millisecond, QueryBound: 400 * time.Millisecond}}, nil
+}
+
+func (r *behindRegistry) Recover(context.Context, string, poolctl.RecoverFloor, int64) (poolctl.Recovered, error) {
+	r.recovered++
+	return poolctl.Recovered{Lost: 19, Seq: 2000}, nil
+}
+
+// TestARegistryFoundBehindIsRecoveredAtItsTimeNotAfterABackoff: workers
+// stay fenced after a failover until the operator runs Recover, one renew
+// interval plus the query bound after it first saw the registry behind.
+// The waiting passes used to fail with a plain error, so the rate
+// limiter's backoff (grown through the outage before, up to a minute)
+// decided when Recover ran: chaos 14d saw a restarted worker wait 58s to
+// rejoin. A waiting pass now asks for its requeue at the wait's end, and
+// a registry that fails asks again within registryRetry.
+func TestARegistryFoundBehindIsRecoveredAtItsTimeNotAfterABackoff(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	reg := &behindRegistry{}
+	r := &ShardTopologyReconciler{Recorder: events.NewFakeRecorder(10), Now: func() time.Time { return now }}
+	topo := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ingest"}}
+	pass := func() error {
+		s := newScope(topo, now)
+		s.reg = reg
+		return recoverBehindRegistry(context.Background(), r, s)
+	}
+
+	err := pass()
+	after, ok := requeueOf(err)
+	if !ok || after != time.Second || !errors.Is(err, poolctl.ErrRegistryBehind) && !isBehind(err) {
+		t.Fatalf("first sight of a behind registry: %v (requeue %v, %t), want a refusal asking again after renew interval + query bound (1s)", err, after, ok)
+	}
+	now = now.Add(700 * time.Millisecond)
+	if after, ok := requeueOf(pass()); !ok || after != 300*time.Millisecond || reg.recovered != 0 {
+		t.Fatalf("0.7s later: requeue %v (%t), recovered %d times; want the rest of the wait (300ms) and no Recover yet", after, ok, reg.recovered)
+	}
+	now = now.Add(300 * time.Millisecond)
+	if err := pass(); err != nil || reg.recovered != 1 {
+		t.Fatalf("at the wait's end: %v, recovered %d times; want one Recover and the pass to go on", err, reg.recovered)
+	}
+	if err := pass(); err != nil || reg.recovered != 1 {
+		t.Fatalf("after recovery: %v, recovered %d times; want no second Recover", err, reg.recovered)
+	}
+	if after, ok := requeueOf(retryAfter(errors.New("read registry: connection refused"), registryRetry)); !ok || after > 5*time.Second {
+		t.Fatalf("a failing registry asks again after %v (%t); want within seconds", after, ok)
+	}
+}
+
+func isBehind(err error) bool { _, ok := poolctl.RegistryBehind(err); return ok }

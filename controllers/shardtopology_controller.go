@@ -36,7 +36,8 @@ const (
 )
 
 // maxRetryDelay caps the backoff after errors, so that a rollout waiting on
-// a registry or NATS outage resumes within a minute of its end.
+// a NATS outage resumes within a minute of its end. Registry errors do not
+// back off (registryRetry): fenced workers may be waiting on this operator.
 const maxRetryDelay = time.Minute
 
 // ShardTopologyReconciler reconciles ShardTopology objects.
@@ -122,13 +123,19 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		return ctrl.Result{}, err
 	}
 
+	// statusErr is the error status reports: retErr, or the error of a
+	// pass that failed but asked for a set requeue instead of a backoff.
+	var statusErr error
 	defer func() {
-		if r.superseded(ctx, s, retErr) {
+		if statusErr == nil {
+			statusErr = retErr
+		}
+		if r.superseded(ctx, s, statusErr) {
 			// The status this process would write is the stale leader's.
-			retErr = reconcile.TerminalError(retErr)
+			retErr = reconcile.TerminalError(statusErr)
 			return
 		}
-		obs := s.observation(retErr)
+		obs := s.observation(statusErr)
 		compute := func(t *topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return computeStatus(t, obs, s.now) }
 		if err := r.patchStatus(ctx, s, compute); err != nil {
 			// A status that did not land is retried even after a
@@ -144,6 +151,13 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		logger.Info("Stalled", "reason", s.stall.Reason, "field", s.stall.Field)
 	case err != nil:
 		logger.Error(err, "Reconcile step failed", "step", s.failedStep)
+	}
+	if after, ok := requeueOf(err); ok {
+		// The pass failed and status says so (the deferred patch reads
+		// statusErr), but the next pass comes at a set time: a growing
+		// backoff would delay what workers wait on.
+		statusErr = err
+		return ctrl.Result{RequeueAfter: after}, nil
 	}
 	if err != nil {
 		return ctrl.Result{}, err

@@ -385,10 +385,10 @@ func connect(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Re
 		return ctrl.Result{}, nil
 	}
 	if err != nil {
-		return ctrl.Result{}, fmt.Errorf("open registry from spec.registry.dsnSecretRef: %w", err)
+		return ctrl.Result{}, retryAfter(fmt.Errorf("open registry from spec.registry.dsnSecretRef: %w", err), registryRetry)
 	}
 	if err := r.conns().EnsureTopology(ctx, s.key, reg, s.registryKey(), s.params); err != nil {
-		return ctrl.Result{}, fmt.Errorf("write lease parameters: %w", err)
+		return ctrl.Result{}, retryAfter(fmt.Errorf("write lease parameters: %w", err), registryRetry)
 	}
 	s.reg = reg
 
@@ -431,7 +431,7 @@ func observeRegistry(ctx context.Context, r *ShardTopologyReconciler, s *scope) 
 		return ctrl.Result{}, err
 	}
 	readDurability(ctx, s)
-	return ctrl.Result{}, s.readRegistry(ctx)
+	return ctrl.Result{}, retryAfter(s.readRegistry(ctx), registryRetry)
 }
 
 func (s *scope) readRegistry(ctx context.Context) error {
