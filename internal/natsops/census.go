@@ -448,12 +448,20 @@ func (b *censusBuilder) build() *Census {
 		}
 		b.findings = append(b.findings, fmt.Sprintf("leafnode spoke %s of %s is invisible (no system account across the leafnode connection); it hosts none of the inspected consumers and is not counted", name, strings.Join(reporters, ", ")))
 	}
-	// Servers the cluster counts (active_servers) that no one could name.
-	if anon := b.maxActive - len(b.statsz) - missing; anon > 0 {
+	// Servers the cluster counts (active_servers) or its JetStream meta
+	// group counts (cluster_size) that no one could name.
+	anon := b.maxActive - len(b.statsz) - missing
+	if anon > 0 {
 		b.findings = append(b.findings, fmt.Sprintf("servers report %d active servers, %d answered and %d more are known by name: %d unnamed servers counted below the floor", b.maxActive, len(b.statsz), missing, anon))
+	}
+	if domain, size, known := b.metaShortfall(expected); size-known > max(anon, 0) {
+		anon = size - known
+		b.findings = append(b.findings, fmt.Sprintf("the JetStream meta group of domain %q has %d members and %d of them are known by name (its leader, if it has one, did not name the rest): %d unnamed servers counted below the floor", domain, size, known, anon))
+	}
+	if anon > 0 {
 		for i := range anon {
 			name := fmt.Sprintf("(unnamed %d of %d)", i+1, anon)
-			byName[name] = &ServerInfo{Name: name, Version: UnknownVersion, Role: RoleUnknown, Counted: true, Reason: "counted by active_servers but never answered"}
+			byName[name] = &ServerInfo{Name: name, Version: UnknownVersion, Role: RoleUnknown, Counted: true, Reason: "counted by the cluster (active_servers or its meta group's size) but never answered"}
 		}
 	}
 
@@ -461,6 +469,59 @@ func (b *censusBuilder) build() *Census {
 	sort.Strings(b.findings)
 	c.Findings = b.findings
 	return c
+}
+
+// metaShortfall finds the JetStream meta group with the most members
+// nobody named: every member reports the group's size (cluster_size), also
+// while the group has no leader (an election after its leader died), when
+// no reply lists the peers and active_servers already dropped the dead
+// one. A server is known in a group when it answered as its member or
+// when the census expects it by name (a leader's peer list). It returns
+// the group's domain, its size and how many of its members are known.
+func (b *censusBuilder) metaShortfall(expected map[string]*expectation) (domain string, size, known int) {
+	sizes := map[string]int{}
+	members := map[string]map[string]bool{}
+	add := func(g, name string) {
+		if members[g] == nil {
+			members[g] = map[string]bool{}
+		}
+		members[g][name] = true
+	}
+	for _, r := range b.statsz {
+		m := r.Stats.JetStream
+		if m == nil || m.Meta == nil || m.Meta.Size == 0 {
+			continue
+		}
+		// One meta group per JetStream domain: its leader reports the
+		// cluster's name, the others the raft group's.
+		g := r.Server.Domain
+		sizes[g] = max(sizes[g], m.Meta.Size)
+		add(g, r.Server.Name)
+		for _, p := range m.Meta.Replicas {
+			add(g, p.Name)
+		}
+	}
+	for leader, r := range b.metaPeers {
+		if r.Data == nil || r.Data.Meta == nil {
+			continue
+		}
+		for _, p := range r.Data.Meta.Replicas {
+			add(b.statsz[leader].Server.Domain, p.Name)
+		}
+	}
+	worst := 0
+	for g, sz := range sizes {
+		n := 0
+		for name := range members[g] {
+			if _, ok := expected[name]; ok || b.statsz[name].Server.Name != "" {
+				n++
+			}
+		}
+		if sz-n > worst {
+			domain, size, known, worst = g, sz, n, sz-n
+		}
+	}
+	return domain, size, known
 }
 
 // placements merges every server's report of the inspected consumers.

@@ -223,3 +223,56 @@ func TestCensusTakesAStandaloneServerAsTheLeaderOfTheConsumersItHosts(t *testing
 		})
 	}
 }
+
+// checks P4
+// TestCensusCountsAMetaGroupMemberNobodyNamesAsBelowTheFloor: while a
+// JetStream cluster elects a new meta leader after its leader died, no
+// STATSZ reply lists the meta peers and active_servers already counts only
+// the living, so nothing named the dead server; chaos 7 saw a census taken
+// then allow RESET with one of three servers down. Every member still
+// reports the meta group's size: the census counts the shortfall as
+// unnamed servers below the floor.
+func TestCensusCountsAMetaGroupMemberNobodyNamesAsBelowTheFloor(t *testing.T) {
+	reply := func(name string, active int, meta *metaInfo) statszReply {
+		var r statszReply
+		r.Server = serverIdent{Name: name, ID: "id-" + name, Version: server.VERSION, Cluster: "c1", JetStream: true}
+		r.Stats.ActiveServers = active
+		r.Stats.JetStream = &struct {
+			Stats *struct {
+				API struct {
+					Level int `json:"level"`
+				} `json:"api"`
+			} `json:"stats"`
+			Meta *metaInfo `json:"meta"`
+		}{Meta: meta}
+		return r
+	}
+	census := func(statsz ...statszReply) *Census {
+		floor, err := ParseVersion(DefaultFloor.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := &censusBuilder{opts: CensusOptions{}, floor: floor, statsz: map[string]statszReply{}}
+		for _, r := range statsz {
+			b.statsz[r.Server.Name] = r
+			b.maxActive = max(b.maxActive, r.Stats.ActiveServers)
+		}
+		return b.build()
+	}
+
+	leaderless := census(reply("n1", 2, &metaInfo{Name: "_meta_", Size: 3}), reply("n2", 2, &metaInfo{Name: "_meta_", Size: 3}))
+	if leaderless.FloorMet() || len(leaderless.BelowFloor) != 1 {
+		t.Fatalf("two of a three-member meta group answered, no leader: floor met %t, below %v, findings %v; want one unnamed server below the floor",
+			leaderless.FloorMet(), leaderless.BelowFloor, leaderless.Findings)
+	}
+
+	// The healthy cluster: the leader names its peers (under the cluster's
+	// name, the others under the raft group's), nothing is missing.
+	healthy := census(
+		reply("n1", 3, &metaInfo{Name: "c1", Leader: "n1", Size: 3, Replicas: []peerInfo{{Name: "n2"}, {Name: "n3"}}}),
+		reply("n2", 3, &metaInfo{Name: "_meta_", Leader: "n1", Size: 3}),
+		reply("n3", 3, &metaInfo{Name: "_meta_", Leader: "n1", Size: 3}))
+	if !healthy.FloorMet() || len(healthy.Findings) != 0 {
+		t.Fatalf("every member answered: floor met %t, below %v, findings %v", healthy.FloorMet(), healthy.BelowFloor, healthy.Findings)
+	}
+}
