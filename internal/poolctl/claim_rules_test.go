@@ -265,3 +265,41 @@ func equalStrings(a, b []string) bool {
 	}
 	return true
 }
+
+// TestAdoptionWaitsForTheOwnersLastPossibleLease: after a Recover the
+// owner's lease row ends at Recover's instant while a renewal only the
+// lost primary saw may run until that instant + TTL, kept as the earlier
+// incarnations' expiry; an adoption waits for the later of both plus the
+// grace. checks P5
+func TestAdoptionWaitsForTheOwnersLastPossibleLease(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	grace := time.Second
+	in := func(prev time.Time) claimInput {
+		return claimInput{Now: now, Grace: grace, Claimer: &memberRow{Name: "b", Incarnation: 2, LeaseExpiresAt: now.Add(time.Minute)},
+			Row:   &claimRow{Unit: "0.0", Owner: "a", OwnerIncarnation: 1, Epoch: 3, State: StateHeld},
+			Owner: &memberRow{Name: "a", Incarnation: 1, LeaseExpiresAt: now.Add(-10 * time.Second), PrevLeaseExpiresAt: prev}}
+	}
+	tests := []struct {
+		name    string
+		prev    time.Time
+		adopted bool
+		at      time.Time
+	}{
+		{"no earlier incarnation: the lapsed lease and the grace decide", time.Time{}, true, time.Time{}},
+		{"a lease believed live beyond the row's", now.Add(2 * time.Second), false, now.Add(3 * time.Second)},
+		{"inside the grace after it", now.Add(-500 * time.Millisecond), false, now.Add(500 * time.Millisecond)},
+		{"past it and the grace", now.Add(-2 * time.Second), true, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := decideAdoption("0.0", in(tt.prev))
+			var he *HeldError
+			switch {
+			case tt.adopted && (err != nil || !d.Adopted):
+				t.Fatalf("decision %+v, %v; want adopted", d, err)
+			case !tt.adopted && (!errors.As(err, &he) || !he.AdoptableAt.Equal(tt.at)):
+				t.Fatalf("decision %+v, %v; want held, adoptable at %v", d, err, tt.at)
+			}
+		})
+	}
+}

@@ -162,6 +162,23 @@ func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 	if a2.Incarnation <= b.Incarnation || b2.Incarnation <= b.Incarnation {
 		t.Fatalf("incarnations after recovery %d, %d: want above %d", a2.Incarnation, b2.Incarnation, b.Incarnation)
 	}
+	// A renewal only the lost primary saw may have granted a lease up to
+	// its death plus the TTL: nothing is re-homed (or adopted) before
+	// Recover's instant + TTL + grace, though the registry's own lease
+	// rows ended at Recover (chaos 14c re-homed inside that grace).
+	if c, err := pg.Claim(ctx, a2.MemberRef, 1, "0.0"); err == nil {
+		t.Fatalf("0.0 re-homed as %+v one grace after Recover; a lease the lost primary granted may run a TTL longer", c)
+	}
+	if cs, err := pg.ConfirmOwned(ctx, a2.MemberRef, nil); err != nil || len(cs.Held) != 0 {
+		t.Fatalf("confirmation one grace after Recover: %v, holds %v; want nothing re-homed yet", err, cs.Held)
+	}
+	// To Recover's instant + TTL + grace: the members' own leases, taken
+	// one grace after Recover, still run; they renew.
+	must(t, testShiftPast(ctx, pg, topo, testParams.LeaseTTL-time.Second))
+	for _, m := range []MemberRef{a2.MemberRef, b2.MemberRef} {
+		_, err := pg.Renew(ctx, m)
+		must(t, err)
+	}
 	for i := range 8 {
 		m := a2.MemberRef
 		if i >= 4 {

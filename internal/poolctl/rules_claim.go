@@ -130,8 +130,12 @@ func decideAdoption(unit string, in claimInput) (claimDecision, error) {
 		held.Reason = HeldHandoverToOther
 	}
 	if in.Owner != nil && !in.Owner.Left {
-		held.AdoptableAt = in.Owner.LeaseExpiresAt.Add(in.Grace)
-		if in.Now.Before(in.Owner.LeaseExpiresAt) {
+		// An earlier incarnation may be believed live for longer than the
+		// current one (after a Recover, a lease only the lost primary
+		// granted): the owner's last possible lease is the later of both.
+		expires := laterOf(in.Owner.LeaseExpiresAt, in.Owner.PrevLeaseExpiresAt)
+		held.AdoptableAt = expires.Add(in.Grace)
+		if in.Now.Before(expires) {
 			return claimDecision{}, held
 		}
 		if in.Now.Before(held.AdoptableAt) {

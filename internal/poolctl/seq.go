@@ -226,8 +226,17 @@ var recoverSQL = []string{
 	// Every lease ends now, so every member rejoins under a new
 	// incarnation above any a lost Join granted; a pending epoch is
 	// abandoned (the operator creates it again, under a new number).
-	`WITH t AS (SELECT shardkeeper.clock($1) AS now)
-	 UPDATE shardkeeper.members m SET lease_expires_at = least(m.lease_expires_at, t.now) FROM t WHERE m.topology = $1`,
+	// A lost renewal may have granted a lease this registry never saw, up
+	// to the lost primary's death plus the TTL, and the primary died
+	// before now: until now + TTL the member may still believe it holds
+	// (a paused one has not been refused yet). That horizon is kept as
+	// the earlier incarnations' expiry, which a re-home (rehomeAt) and an
+	// adoption (decideAdoption) wait for, plus the grace (P5; chaos 14c
+	// re-homed inside the grace of a lease only the lost primary had).
+	`WITH t AS (SELECT shardkeeper.clock($1) AS now, lease_ttl FROM shardkeeper.topologies WHERE topology = $1)
+	 UPDATE shardkeeper.members m SET lease_expires_at = least(m.lease_expires_at, t.now),
+	        prev_lease_expires_at = greatest(m.prev_lease_expires_at, m.lease_expires_at, t.now + t.lease_ttl)
+	   FROM t WHERE m.topology = $1`,
 	`UPDATE shardkeeper.epochs SET state = 'retired', retired_at = shardkeeper.clock($1) WHERE topology = $1 AND state = 'pending'`,
 	`UPDATE shardkeeper.topologies SET next_incarnation = next_incarnation + $4::bigint + $2::bigint,
 	        token_floor = greatest(coalesce((SELECT max(fencing_epoch) FROM shardkeeper.claims WHERE topology = $1), 0),
