@@ -381,9 +381,14 @@ func (f *failover) expectNoPodDeletedHolding(events []poolctl.ClaimEvent) {
 // restart) on the primary only.
 func crashMoves(f *failover) {
 	const pod = "ingest-1"
-	held := len(f.s.unitsOf(pod))
+	// Ready can come before every pod claimed (one run killed a pod that
+	// held nothing yet): wait, bounded, until the victim holds units.
+	held := 0
+	for end := time.Now().Add(30 * time.Second); held == 0 && time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		held = len(f.s.unitsOf(pod))
+	}
 	if held == 0 {
-		f.t.Fatalf("%s held no unit before its kill", pod)
+		f.t.Fatalf("%s held no unit within 30s of Ready; the kill would move nothing", pod)
 	}
 	f.s.signalPod(pod, syscall.SIGKILL)
 	n := f.awaitLostClaims("adoption or re-home", 2*time.Minute, func(e poolctl.ClaimEvent) bool { return e.Op == "adopt" || e.Op == "rehome" })
