@@ -679,33 +679,32 @@ type failoverHistory struct {
 }
 
 func (h failoverHistory) ClaimHistory(ctx context.Context, topology string) ([]poolctl.ClaimEvent, error) {
-	out, err := h.old.ClaimHistory(ctx, topology)
-	if err != nil {
-		return nil, fmt.Errorf("the lost primary's claim history: %w", err)
-	}
-	cur, err := h.cur.ClaimHistory(ctx, topology)
-	if err != nil {
-		return nil, err
-	}
-	for _, e := range cur {
-		if !e.At.Before(h.promoted) {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return joinAtPromotion(h.promoted, "claim history",
+		func() ([]poolctl.ClaimEvent, error) { return h.old.ClaimHistory(ctx, topology) },
+		func() ([]poolctl.ClaimEvent, error) { return h.cur.ClaimHistory(ctx, topology) },
+		func(e poolctl.ClaimEvent) time.Time { return e.At })
 }
 
 func (h failoverHistory) LeaseHistory(ctx context.Context, topology string) ([]poolctl.LeaseEvent, error) {
-	out, err := h.old.LeaseHistory(ctx, topology)
+	return joinAtPromotion(h.promoted, "lease history",
+		func() ([]poolctl.LeaseEvent, error) { return h.old.LeaseHistory(ctx, topology) },
+		func() ([]poolctl.LeaseEvent, error) { return h.cur.LeaseHistory(ctx, topology) },
+		func(e poolctl.LeaseEvent) time.Time { return e.At })
+}
+
+// joinAtPromotion is the lost primary's events followed by the promoted
+// server's from the promotion on.
+func joinAtPromotion[E any](promoted time.Time, what string, old, cur func() ([]E, error), at func(E) time.Time) ([]E, error) {
+	out, err := old()
 	if err != nil {
-		return nil, fmt.Errorf("the lost primary's lease history: %w", err)
+		return nil, fmt.Errorf("the lost primary's %s: %w", what, err)
 	}
-	cur, err := h.cur.LeaseHistory(ctx, topology)
+	later, err := cur()
 	if err != nil {
 		return nil, err
 	}
-	for _, e := range cur {
-		if !e.At.Before(h.promoted) {
+	for _, e := range later {
+		if !at(e).Before(promoted) {
 			out = append(out, e)
 		}
 	}
