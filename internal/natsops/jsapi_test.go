@@ -3,8 +3,11 @@ package natsops
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/nats-io/jsm.go/api"
+
+	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
 
 func TestNextPageFollowsTheServersPagingAndStopsOnAnEmptyPage(t *testing.T) {
@@ -47,4 +50,39 @@ func TestAPIErrorsAreRecognizedByTheirCode(t *testing.T) {
 			t.Errorf("%s: IsNatsError(%v, consumer not found) = true", name, e)
 		}
 	}
+}
+
+// A request nobody answers (a stream whose leader is down, a meta group
+// electing) fails after requestTimeout even when the caller's context
+// allows a minute: chaos scenario 7 saw one consumer listing hold a whole
+// reconcile pass, and with it the census, to the caller's deadline.
+func TestAnUnansweredRequestFailsAtItsOwnBoundNotTheCallersDeadline(t *testing.T) {
+	c := natstest.StartCluster(t, 1)
+	nc := c.Connect(0)
+	// A responder that takes every request and never replies: NATS then
+	// has a responder, so only the request's own deadline ends the wait.
+	sub, err := nc.SubscribeSync("test.silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t, time.Minute)
+	start := time.Now()
+	var resp api.JSApiConsumerListResponse
+	err = jsAPI{nc}.do(ctx, "test.silent", &api.JSApiConsumerListRequest{}, &resp)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("an unanswered request succeeded")
+	}
+	if _, err := sub.NextMsg(time.Second); err != nil {
+		t.Fatalf("the request never reached the silent responder, so the bound was not what ended it: %v", err)
+	}
+	// Room for a loaded box above the bound, far below the caller's minute.
+	if took > requestTimeout+15*time.Second {
+		t.Fatalf("the request took %s to fail; want about requestTimeout (%s), not the caller's deadline", took, requestTimeout)
+	}
+	t.Logf("the unanswered request failed after %s: %v", took.Round(time.Millisecond), err)
 }

@@ -13,7 +13,7 @@ import (
 // consumers by hand. Only tests use it: the jsm.go root package links the
 // NATS server, which the shipped binaries must not (jsapi.go).
 func manager(ctx context.Context, nc *nats.Conn) (*jsm.Manager, error) {
-	timeout := defaultRequestTimeout
+	timeout := requestTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 		if timeout <= 0 {

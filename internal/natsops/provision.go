@@ -26,9 +26,13 @@ const (
 // creates or updates at once.
 const provisionParallelism = 16
 
-// defaultRequestTimeout bounds one JetStream API request when the context
-// has no deadline.
-const defaultRequestTimeout = 5 * time.Second
+// requestTimeout bounds one JetStream API request, whatever deadline the
+// caller's context carries: a request no server answers (its stream's
+// leader down, the meta group electing) must fail in seconds so the
+// caller's next pass runs, instead of holding that pass to the caller's
+// own deadline. Chaos scenario 7 saw one consumer listing hold a reconcile,
+// and with it the census, for the whole minute of natsOpTimeout.
+const requestTimeout = 10 * time.Second
 
 // Report says what Provision did and found.
 type Report struct {
@@ -399,11 +403,8 @@ func createConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	return err
 }
 
-// requestContext bounds one request by defaultRequestTimeout when ctx has
-// no deadline of its own.
+// requestContext bounds one request by requestTimeout, or by ctx's own
+// deadline when that comes first.
 func requestContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, defaultRequestTimeout)
+	return context.WithTimeout(ctx, requestTimeout)
 }
