@@ -73,6 +73,8 @@ func (w *Worker) startPuller(a member.StartPuller) {
 		ctx: ctx, kill: cancel, stopFetch: make(chan struct{}), done: make(chan struct{}),
 	}
 	w.pullers[a.Puller] = p
+	w.log.V(1).Info("Puller started", "unit", a.Unit.String(), "token", a.Token.Epoch,
+		"takeover", a.Takeover, "unpinFirst", a.Unpin)
 	go p.run()
 }
 
@@ -160,6 +162,7 @@ func (p *puller) prepare() bool {
 		w.resetOnTakeover(p.ctx, p)
 	}
 	w.post(member.PullerPrepared{Unit: p.unit, Puller: p.id})
+	w.log.V(1).Info("Pulling", "unit", p.unit.String())
 	return true
 }
 
