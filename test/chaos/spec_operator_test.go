@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
@@ -58,14 +61,19 @@ func (s *scene) killOperatorAt(k stepKill) {
 	if err := s.in.op.Kill(); err != nil {
 		s.t.Fatal(err)
 	}
+	// Every version after this one is the new process's: the watch may
+	// still be delivering the killed one's last status (a Freeze written
+	// just before its acknowledgements came in, say), which says nothing
+	// about where the new process resumed.
+	killed := s.topologyVersion()
 	if err := s.in.op.Start(); err != nil {
 		s.t.Fatal(err)
 	}
 	undo()
 	// The first step status shows from the new process on: the same step
-	// (then status may not change at all) or a later one.
+	// (then status may not change until a later one) or a later one.
 	g, ok := s.status.await(killAt, readyTimeout, func(g sighting) bool {
-		return g.at.After(killAt) && (g.step() != "" || g.readyAt(k.To))
+		return versionAfter(g.obj.ResourceVersion, killed) && (g.step() != "" || g.readyAt(k.To))
 	})
 	resumed := "Ready"
 	if ok && g.step() != "" {
@@ -88,6 +96,48 @@ func (s *scene) killOperatorAt(k stepKill) {
 	s.waitReady(k.To, readyTimeout)
 	s.note("change to %s: operator killed at %s (%s after the spec change), resumed at %s; Ready %s after the kill",
 		k.To, landed, killAt.Sub(s.lastSpecChange()).Round(time.Millisecond), resumed, time.Since(killAt).Round(time.Second))
+}
+
+// allPlaced reports whether every unit of to is held, not in handover,
+// by the live member placement gives it (as the operator places units).
+func (s *scene) allPlaced(sn poolctl.Snapshot, to ownership.Topology) bool {
+	bySlot := map[ownership.Slot]string{}
+	var slots []ownership.Slot
+	for _, m := range sn.LiveMembers() {
+		if m.Slot >= 0 {
+			bySlot[ownership.Slot(m.Slot)] = m.Name
+			slots = append(slots, ownership.Slot(m.Slot))
+		}
+	}
+	pl := ownership.Place(to.Units(), slots)
+	cl := s.claims()
+	for _, u := range to.Units() {
+		slot, ok := pl.Owner(u)
+		c := cl[u.String()]
+		if !ok || c.State != poolctl.StateHeld || c.Owner != bySlot[slot] {
+			return false
+		}
+	}
+	return true
+}
+
+// topologyVersion reads the topology's resourceVersion from the API
+// server now.
+func (s *scene) topologyVersion() string {
+	s.t.Helper()
+	st := &topologyv1.ShardTopology{}
+	if err := s.in.k.Get(context.Background(), client.ObjectKey{Namespace: s.ns, Name: "ingest"}, st); err != nil {
+		s.t.Fatalf("read the topology: %v", err)
+	}
+	return st.ResourceVersion
+}
+
+// versionAfter reports whether resourceVersion v is later than w. The
+// test bed's API server stores in etcd, whose versions are revisions.
+func versionAfter(v, w string) bool {
+	a, errA := strconv.ParseUint(v, 10, 64)
+	b, errB := strconv.ParseUint(w, 10, 64)
+	return errA == nil && errB == nil && a > b
 }
 
 // liveIncarnations maps each live member to its incarnation now.
@@ -166,6 +216,13 @@ func (s *scene) awaitStep(k stepKill) string {
 		})
 	case topologyv1.StepRetire:
 		s.awaitStatus("step Retire", 2*time.Minute, func(g sighting) bool { return g.step() == topologyv1.StepRetire })
+		// Retire starts once every unit has a holder, possibly still the
+		// old one of a moved unit: its release then leaves the unit free
+		// for a moment, and the operator (rightly) back at Claim. Aim at
+		// Retire once every unit is with its placement owner.
+		s.awaitRegistry("every unit with its placement owner while units retire", time.Minute, func(sn poolctl.Snapshot) bool {
+			return len(sn.Retiring) > 0 && s.allPlaced(sn, k.To)
+		})
 	}
 	return s.stepNow(k.To)
 }
