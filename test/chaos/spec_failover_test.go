@@ -79,7 +79,7 @@ func failoverScenarios() []specInput {
 	return []specInput{
 		fo("14a", "registry failover to a lagging standby during a pod roll's drains", false, failoverVariant{move: drainMoves, after: rollCompletes}),
 		fo("14b", "registry failover to a lagging standby after a worker SIGKILLed", false, failoverVariant{move: crashMoves}),
-		fo("14c", "registry failover to a lagging standby during an epoch activation", false, failoverVariant{move: activationMoves(shape(2, 8))}),
+		fo("14c", "registry failover to a lagging standby during an epoch activation", true, failoverVariant{move: activationMoves(shape(2, 8))}),
 		fo("14d", "registry failover slower than a lease", false, failoverVariant{move: crashMoves, delay: slowFailover}),
 		fo("14e", "registry failover from a synchronous standby, statements timing out in the sync wait", false, failoverVariant{sync: true, move: syncWaitMoves}),
 	}
