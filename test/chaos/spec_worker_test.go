@@ -122,7 +122,9 @@ func (s *scene) awaitInFlight(pod string) map[string]time.Time {
 	var rows map[string]time.Time
 	s.eventually(time.Minute, func() error {
 		if rows = inFlight(s.histories(), pod, inc); len(rows) == 0 {
-			return fmt.Errorf("%s has no row in flight yet", pod)
+			// Which half is missing: units (Ready comes before every pod
+			// claimed; a joiner gets its share by handovers) or rows.
+			return fmt.Errorf("%s has no row in flight yet; it holds %v (registry)", pod, s.unitsOf(pod))
 		}
 		return nil
 	})
