@@ -74,10 +74,13 @@ func (s *scene) incarnationOf(member string) int64 {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	if m := snap.Member(member); m != nil {
-		return m.Incarnation
+	m := snap.Member(member)
+	if m == nil {
+		// Incarnation 0 would match none of its records: every check
+		// keyed by it would wait in vain or pass vacuously.
+		s.t.Fatalf("%s has not joined the registry yet", member)
 	}
-	return 0
+	return m.Incarnation
 }
 
 // actionsAfter counts deliveries and settlements made by member's

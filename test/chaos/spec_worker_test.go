@@ -139,6 +139,10 @@ func (s *scene) awaitInFlight(pod string) map[string]time.Time {
 func killedMidHandover(reset bool) func(*scene) {
 	return func(s *scene) {
 		const pod = "ingest-2"
+		// Ready comes before the last pod joined and got its share: its
+		// incarnation read before that matches none of its deliveries (a
+		// CI run waited a minute for rows in flight of incarnation 0).
+		s.awaitEveryPodHolds(s.spec())
 		s.disturb()
 		s.slowSink(pod, time.Hour)
 		inc := s.incarnationOf(pod)
@@ -312,6 +316,7 @@ func killedAndRestarted(mid *ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		const pod = "ingest-1"
 		topo := s.spec()
+		s.awaitEveryPodHolds(topo)
 		if mid != nil {
 			topo = *mid
 			s.setShape(topo)
