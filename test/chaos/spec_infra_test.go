@@ -372,6 +372,9 @@ func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 		downFirst := serverGone(proc)
 		time.Sleep(natsRestartLength)
 		downLast := serverGone(proc)
+		// Down ends when the process starts again: a census taken from
+		// then on may see it, before the cluster counts as ready (up).
+		restarted := time.Now()
 		if err := proc.Start(30 * time.Second); err != nil {
 			s.t.Fatal(err)
 		}
@@ -392,7 +395,7 @@ func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 		verdicts.stop()
 		s.logFloorTimeline(down, up)
 		verdicts.log(s.t, down)
-		censuses := verdicts.takenBetween(down.Add(time.Second), up)
+		censuses := verdicts.takenBetween(down.Add(time.Second), restarted)
 		switch {
 		case landed == "done":
 			s.t.Errorf("the change to %s was over when the server went down (registry): no rollout step met the restart", to)
@@ -408,7 +411,7 @@ func natsRestartMidRollout(to ownership.Topology) func(*scene) {
 		if !back || !allowed {
 			s.t.Fatalf("after the restart: VersionFloorMet True again %t, RESET allowed again %t", back, allowed)
 		}
-		s.judgeCensus(verdicts, down, up)
+		s.judgeCensus(verdicts, down, restarted)
 	}
 }
 
@@ -506,7 +509,7 @@ func (v *verdictSampler) allowedSince(t time.Time) bool {
 }
 
 // judgeCensus checks what the census published and status said while the
-// server was down.
+// server was down: from down until up, when it was started again.
 func (s *scene) judgeCensus(v *verdictSampler, down, up time.Time) {
 	s.t.Helper()
 	refused, lied := 0, 0

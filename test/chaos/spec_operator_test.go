@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -281,8 +282,11 @@ func (s *scene) someUnowned(to ownership.Topology) bool {
 	return false
 }
 
-// awaitNewConsumer polls NATS until a consumer of `to` that the current
-// shape lacks exists: the operator is provisioning.
+// awaitNewConsumer returns as soon as a consumer of `to` that the current
+// shape lacks exists: the operator is provisioning. Provision is short (a
+// few consumers, a status patch, the pending epoch), so the test listens
+// for JetStream's consumer-created advisories rather than polling: a poll
+// under load saw the pending epoch before the kill it aimed at Provision.
 func (s *scene) awaitNewConsumer(to ownership.Topology) {
 	s.t.Helper()
 	js := s.jetstream()
@@ -290,23 +294,41 @@ func (s *scene) awaitNewConsumer(to ownership.Topology) {
 	if sn, err := s.snapshot(); err == nil && sn.Active != nil {
 		from = ownership.Topology{Partitions: sn.Active.Partitions, Shards: sn.Active.Shards}
 	}
-	var fresh []ownership.Unit
+	l := s.fleet.Layout
+	fresh := map[string]bool{}
 	for _, u := range to.Units() {
 		if !from.Contains(u) {
-			fresh = append(fresh, u)
+			fresh[l.StreamName(u.Partition)+"."+l.ConsumerDurable(u.Partition, u.Shard)] = true
 		}
 	}
-	s.eventually(time.Minute, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		for _, u := range fresh {
-			l := s.fleet.Layout
-			if _, err := js.Consumer(ctx, l.StreamName(u.Partition), l.ConsumerDurable(u.Partition, u.Shard)); err == nil {
-				return nil
-			}
+	nc := js.Conn()
+	sub, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.CREATED.>")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		s.t.Fatal(err)
+	}
+	// One may have been created before the subscription.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for name := range fresh {
+		stream, consumer, _ := strings.Cut(name, ".")
+		if _, err := js.Consumer(ctx, stream, consumer); err == nil {
+			return
 		}
-		return fmt.Errorf("no consumer of %s's new units yet", to)
-	})
+	}
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); {
+		msg, err := sub.NextMsg(time.Until(end))
+		if err != nil {
+			break
+		}
+		if fresh[strings.TrimPrefix(msg.Subject, "$JS.EVENT.ADVISORY.CONSUMER.CREATED.")] {
+			return
+		}
+	}
+	s.t.Fatalf("no consumer of %s's new units created within a minute", to)
 }
 
 // expectEachEpochOnce checks the registry's epoch history: the first epoch
