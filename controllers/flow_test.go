@@ -335,6 +335,7 @@ func TestMultiplyOwnedStaysZeroThroughAHandoverAndCountsTwoTokensPullingAtOnce(t
 	if assessedWhileFresh == 0 {
 		t.Fatalf("no status was computed while a's last report was fresh (%s to %s): the handover was not judged", aLast, fresh)
 	}
+	t.Logf("%d censuses, and the status computed with each, while a's last report was fresh: none counted 0.0", assessedWhileFresh)
 	f.waitReady(20 * time.Second)
 
 	// a pulls 0.0 again under its released token while b pulls it under
