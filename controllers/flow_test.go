@@ -24,7 +24,18 @@ type reportingMember struct {
 
 	mu     sync.Mutex
 	report []poolctl.UnitActivity // nil: report nothing (the report ages)
-	err    error
+	// pulls, when report is nil, are the units the member pulls, each
+	// under a claim epoch since a time: every tick reports them as a
+	// worker does, pulled and received rows just now.
+	pulls []pull
+	err   error
+}
+
+// pull is one unit a reportingMember pulls under one claim token.
+type pull struct {
+	unit  string
+	epoch int64
+	since time.Time
 }
 
 func joinReporting(t *testing.T, f *fleet, name string) *reportingMember {
@@ -55,6 +66,12 @@ func (m *reportingMember) tick(ctx context.Context) {
 	_, err := m.reg.Renew(ctx, m.lease.MemberRef)
 	m.mu.Lock()
 	report := m.report
+	if report == nil && m.pulls != nil {
+		report = []poolctl.UnitActivity{}
+		for _, p := range m.pulls {
+			report = append(report, poolctl.UnitActivity{Unit: p.unit, Epoch: p.epoch, SincePullStart: time.Since(p.since)})
+		}
+	}
 	m.mu.Unlock()
 	if err == nil && report != nil {
 		err = m.reg.ReportActivity(ctx, m.lease.MemberRef, report)
@@ -70,7 +87,32 @@ func (m *reportingMember) tick(ctx context.Context) {
 func (m *reportingMember) set(units ...poolctl.UnitActivity) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.report = units
+	m.report, m.pulls = units, nil
+}
+
+// pulling makes every later report say the member pulls these units,
+// each since its own start (a worker's pull windows); none stops
+// reporting, so the last report stays as a dead pod's does.
+func (m *reportingMember) pulling(pulls ...pull) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.report, m.pulls = nil, pulls
+}
+
+// lastReport is when the registry recorded member's latest report of
+// unit (zero: none).
+func lastReport(t *testing.T, f *fleet, member, unit string) time.Time {
+	t.Helper()
+	acts, err := f.reg.Activity(context.Background(), f.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range acts {
+		if a.Member == member && a.Unit == unit {
+			return a.ReportedAt
+		}
+	}
+	return time.Time{}
 }
 
 func (m *reportingMember) claim(t *testing.T, epoch int64, unit string) poolctl.Token {
@@ -82,10 +124,11 @@ func (m *reportingMember) claim(t *testing.T, epoch int64, unit string) poolctl.
 	return c.Token
 }
 
-// flowing is a report of unit pulled just now, with a row just now (or
-// never, when rows is false).
+// flowing is a report of unit pulled under the claim at epoch for the
+// last 30 seconds, just now, with a row just now (or never, when rows is
+// false).
 func flowing(unit string, epoch int64, rows bool) poolctl.UnitActivity {
-	a := poolctl.UnitActivity{Unit: unit, Epoch: epoch, SinceRows: -1}
+	a := poolctl.UnitActivity{Unit: unit, Epoch: epoch, SinceRows: -1, SincePullStart: 30 * time.Second}
 	if rows {
 		a.SinceRows = 0
 	}
@@ -149,7 +192,8 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 	a.set(flowing("0.0", ta.Epoch, true))
 	f.waitReady(20 * time.Second)
 
-	// b pulls 0.0 as well as its own unit: two members pull one unit.
+	// b pulls 0.0 as well as its own unit: two members pull one unit at
+	// once (b without a claim: a token of its own name).
 	b.set(flowing("0.1", tb.Epoch, true), flowing("0.0", ta.Epoch, true))
 	st = f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
 		if u := o.Status.Units; u == nil || u.MultiplyOwned != 1 || !strings.Contains(o.Status.Progress, "1 multiply owned") {
@@ -206,6 +250,122 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 	// The operator pruned the registry's history on the way, quietly.
 	if evs := listEvents(t, f.ns, "HistoryPruneFailed"); len(evs) > 0 {
 		t.Fatalf("pruning the history failed: %s", evs[0].Note)
+	}
+}
+
+// The "multiplyOwned trips in a normal pod roll": a handover,
+// the old owner's last report still fresh when the new owner's first
+// comes (a pod deleted right after it handed over), leaves multiplyOwned
+// at 0 in status and the metric; a unit really pulled under two claim
+// tokens at once (a process that kept pulling after it released) counts.
+// Reports go through the real registry, status through the API server.
+// checks P1
+func TestMultiplyOwnedStaysZeroThroughAHandoverAndCountsTwoTokensPullingAtOnce(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(0, "w")
+	startOperatorWith(t, f.ns, operator.Options{CensusInterval: time.Second})
+	f.create()
+	f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if o.Status.ActiveEpoch == nil {
+			return errors.New("no active epoch yet")
+		}
+		return nil
+	})
+	a, b := joinReporting(t, f, "a"), joinReporting(t, f, "b")
+	ta, tb := a.claim(t, 1, "0.0"), b.claim(t, 1, "0.1")
+	start := time.Now()
+	a.pulling(pull{"0.0", ta.Epoch, start})
+	b.pulling(pull{"0.1", tb.Epoch, start})
+	f.waitReady(30 * time.Second)
+	multiply := func() error {
+		if got, ok := metricValue(t, "shardkeeper_units_multiply_owned", map[string]string{"namespace": f.ns, "name": "ingest"}); !ok || got != 0 {
+			return fmt.Errorf("shardkeeper_units_multiply_owned = %v (present %t), want 0", got, ok)
+		}
+		return nil
+	}
+	eventually(t, 10*time.Second, multiply)
+
+	// a hands 0.0 over as a pod being rolled does: it stops pulling, its
+	// last report stays (the pod is gone), it releases; b claims 0.0
+	// under a new token and pulls it from then on.
+	eventually(t, 5*time.Second, func() error {
+		if lastReport(t, f, "a", "0.0").Before(start) {
+			return errors.New("no report of a's window yet")
+		}
+		return nil
+	})
+	a.pulling()
+	aLast := lastReport(t, f, "a", "0.0")
+	if err := f.reg.Release(context.Background(), ta); err != nil {
+		t.Fatalf("a releases 0.0: %v", err)
+	}
+	tb0 := b.claim(t, 1, "0.0")
+	if tb0.Epoch == ta.Epoch {
+		t.Fatalf("b's claim on 0.0 has a's epoch %d", ta.Epoch)
+	}
+	b.pulling(pull{"0.1", tb.Epoch, start}, pull{"0.0", tb0.Epoch, time.Now()})
+
+	// Until a's report is no longer fresh (two renew intervals), and a
+	// census after it, every status says no unit is multiply owned; the
+	// old rule (two fresh reports of recent pulls) counted 0.0 here.
+	fresh := aLast.Add(2 * poolctl.DefaultParams().RenewInterval)
+	assessedWhileFresh := 0
+	seen := map[time.Time]bool{}
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if u := o.Status.Units; u != nil && u.MultiplyOwned != 0 {
+			t.Fatalf("during the handover: units %+v, progress %q: want none multiply owned", u, o.Status.Progress)
+		}
+		if err := multiply(); err != nil {
+			t.Fatalf("during the handover: %v", err)
+		}
+		c := o.Status.Census
+		if c == nil || c.ObservedAt == nil {
+			return errors.New("no census yet")
+		}
+		at := c.ObservedAt.Time
+		if !seen[at] && at.After(aLast) && at.Before(fresh) {
+			assessedWhileFresh++
+		}
+		seen[at] = true
+		if !at.After(fresh.Add(time.Second)) {
+			return fmt.Errorf("census at %s, want one after a's report aged (%s)", at, fresh)
+		}
+		return nil
+	})
+	if assessedWhileFresh == 0 {
+		t.Fatalf("no status was computed while a's last report was fresh (%s to %s): the handover was not judged", aLast, fresh)
+	}
+	t.Logf("%d censuses, and the status computed with each, while a's last report was fresh: none counted 0.0", assessedWhileFresh)
+	f.waitReady(20 * time.Second)
+
+	// a pulls 0.0 again under its released token while b pulls it under
+	// its own: one unit, two tokens, at once.
+	a.pulling(pull{"0.0", ta.Epoch, time.Now()})
+	st := f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if u := o.Status.Units; u == nil || u.MultiplyOwned != 1 {
+			return fmt.Errorf("units %+v, want 1 multiply owned", u)
+		}
+		return nil
+	})
+	c := wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionFalse, topologyv1.ReasonUnitsMultiplyOwned)
+	if !strings.Contains(c.Message, "two or more claim tokens at once: 0.0") {
+		t.Fatalf("Ready message %q: want 0.0 named", c.Message)
+	}
+	eventually(t, 10*time.Second, func() error {
+		if got, ok := metricValue(t, "shardkeeper_units_multiply_owned", map[string]string{"namespace": f.ns, "name": "ingest"}); !ok || got != 1 {
+			return fmt.Errorf("shardkeeper_units_multiply_owned = %v (present %t), want 1", got, ok)
+		}
+		return nil
+	})
+	// a stops: its report ages, and the count returns to 0.
+	a.pulling()
+	f.waitReady(30 * time.Second)
+	for _, m := range []*reportingMember{a, b} {
+		m.mu.Lock()
+		if m.err != nil {
+			t.Errorf("member %s: %v", m.lease.Member, m.err)
+		}
+		m.mu.Unlock()
 	}
 }
 

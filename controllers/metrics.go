@@ -17,7 +17,7 @@ import (
 // and why the monitors set honorLabels, is in README.md (Monitoring).
 //
 //	shardkeeper_units{namespace,name,state}                 units of the active epoch by state: flowing, stalled, unowned (they sum to N x V)
-//	shardkeeper_units_multiply_owned{namespace,name}        units two or more members pulled at once, from their activity reports (a bug if not 0)
+//	shardkeeper_units_multiply_owned{namespace,name}        units pulled under two or more claim tokens at once: overlapping pull windows in the activity reports (a bug if not 0)
 //	shardkeeper_units_retiring{namespace,name}              units that left the topology whose consumers still exist
 //	shardkeeper_members{namespace,name,state}               live members: workload (pods of the StatefulSet), foreign (anyone else with the DSN)
 //	shardkeeper_topology_phase{namespace,name,phase}        1 for the current status.phase, 0 for the others
@@ -44,7 +44,7 @@ var (
 		Name: "shardkeeper_units",
 		Help: "Units of the active topology epoch by state: flowing (owned and pulled), stalled (owned but the owner's reports are stale, or rows wait and it received none within the stall bound), unowned (no valid claim). The states sum to N x V.",
 	}, []string{"namespace", "name", "state"})
-	unitsMultiplyOwnedGauge = topologyGauge("shardkeeper_units_multiply_owned", "Units pulled by two or more members at once, as their activity reports show (fresh reports of pulls within two renew intervals); anything but 0 is a bug.")
+	unitsMultiplyOwnedGauge = topologyGauge("shardkeeper_units_multiply_owned", "Units pulled under two or more claim tokens at once, as the workers' activity reports show (pull windows under different tokens that overlap by more than the query bound plus 1s; a handover's never do); anything but 0 is a bug.")
 	unitsRetiringGauge      = topologyGauge("shardkeeper_units_retiring", "Units that left the topology whose consumers are not retired yet (kept until drained).")
 	podsDoneGauge           = topologyGauge("shardkeeper_rollout_pods_done", "Pods of the current pod-by-pod roll that are done.")
 	podsTotalGauge          = topologyGauge("shardkeeper_rollout_pods_total", "Pods the current pod-by-pod roll covers.")

@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -14,9 +16,17 @@ import (
 // the registry's clock). The census reads each unit consumer's pending
 // rows from the JSZ replies it collects anyway. From these:
 //
-//   - a unit is multiply owned when two or more members have a fresh
-//     report (made within flowWindow) saying they pulled it within
-//     flowWindow: two processes pulling one unit, whatever the claims say;
+//   - a unit is multiply owned when two fresh reports (made within
+//     flowWindow) under different claim tokens (member, incarnation and
+//     claim epoch) have pull windows that overlap by more than
+//     overlapSlack: two processes pulling one unit at the same time,
+//     whatever the claims say. A report's window runs from when its
+//     puller started pulling under the token to the report. In a
+//     handover the old owner's puller stops before its release commits
+//     and the new owner's starts after its claim commits, so the two
+//     windows are sequential however close together they are (the old
+//     rule, any two pulls within flowWindow, counted every handover of a
+//     pod roll);
 //   - an owned unit is stalled when its owner's report for it is missing
 //     or stale, when the owner reports freshly that its last completed
 //     pull is older than stallBound (NATS unreachable, a consumer gone: a
@@ -44,6 +54,23 @@ func stallBound(p poolctl.Params) time.Duration { return 3 * renewInterval(p) }
 // operator's clock) on the registry's clock, which is about one round trip.
 const clockSlack = time.Second
 
+// overlapSlack is how much two pull windows under different tokens may
+// seem to overlap although they were sequential. A window's times are a
+// member's ages put on the registry's clock when its report ran, which is
+// later than when the member measured them by at most the query bound
+// (the worker gives its report no longer), so each window lands late by
+// between 0 and the query bound: two sequential windows can seem to
+// overlap by up to the query bound. clockSlack on top covers a statement
+// that started just after the bound. A real double pull shorter than this
+// is not counted; one that lasts is, at every report.
+func overlapSlack(p poolctl.Params) time.Duration {
+	qb := p.QueryBound
+	if qb <= 0 {
+		qb = poolctl.DefaultParams().QueryBound
+	}
+	return qb + clockSlack
+}
+
 func renewInterval(p poolctl.Params) time.Duration {
 	if p.RenewInterval > 0 {
 		return p.RenewInterval
@@ -63,8 +90,8 @@ type pendingRows struct {
 
 // unitFlow is what the evidence says about the units.
 type unitFlow struct {
-	// multiplyOwned counts units pulled by two or more members at once;
-	// multiplyOwnedUnits names them, in the order the reports came.
+	// multiplyOwned counts units pulled under two or more claim tokens at
+	// once; multiplyOwnedUnits names them, in the reports' unit order.
 	multiplyOwned      int
 	multiplyOwnedUnits []string
 	// stalled lists the owned units of the active epoch that do not flow,
@@ -90,9 +117,7 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 	}
 	now, window, bound := snap.Now, flowWindow(snap.Params), stallBound(snap.Params)
 	fresh := func(r *poolctl.ActivityReport) bool { return now.Sub(r.ReportedAt) <= window }
-	f.multiplyOwnedUnits = multiplyPulled(reports, func(r *poolctl.ActivityReport) bool {
-		return fresh(r) && !r.LastFetch.IsZero() && now.Sub(r.LastFetch) <= window
-	})
+	f.multiplyOwnedUnits = multiplyPulled(reports, fresh, overlapSlack(snap.Params))
 	f.multiplyOwned = len(f.multiplyOwnedUnits)
 	if snap.Active == nil {
 		return f
@@ -141,26 +166,82 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 // reconcile allocated.
 type memberUnit struct{ unit, member string }
 
-// multiplyPulled lists units that two or more incarnations report
-// pulling (counted reports only).
-func multiplyPulled(reports []poolctl.ActivityReport, counted func(*poolctl.ActivityReport) bool) []string {
-	type puller struct {
-		memberUnit
-		incarnation int64
+// pullToken is the claim token a report's pulls were made under, with
+// the process: two processes of one member name are two pullers.
+type pullToken struct {
+	member      string
+	incarnation int64
+	epoch       int64
+}
+
+// pullWindow is when r's puller pulled its unit under its token: from its
+// start to the report. A report that does not say when its puller started
+// (an older worker) is taken from its last completed pull, and one that
+// never completed a pull is the instant of the report: both only narrow
+// the window, so they can miss an overlap but never invent one.
+func pullWindow(r *poolctl.ActivityReport) (from, to time.Time) {
+	to = r.ReportedAt
+	switch {
+	case !r.PullingSince.IsZero():
+		from = r.PullingSince
+	case !r.LastFetch.IsZero():
+		from = r.LastFetch
+	default:
+		from = to
 	}
-	seen := make(map[puller]bool, len(reports))
-	perUnit := make(map[string]int, len(reports))
-	var units []string
+	if from.After(to) {
+		from = to
+	}
+	return from, to
+}
+
+// multiplyPulled lists units that counted reports under two or more claim
+// tokens show pulled at the same time: two windows overlapping by more
+// than slack. Sequential windows (a handover, a crash and an adoption, a
+// restart under a new incarnation) are never counted.
+func multiplyPulled(reports []poolctl.ActivityReport, counted func(*poolctl.ActivityReport) bool, slack time.Duration) []string {
+	type window struct {
+		unit     string
+		token    pullToken
+		from, to time.Time
+	}
+	// One slice, sorted by unit, rather than a map of slices: at 4096
+	// units the per-unit allocations would dominate the reconcile.
+	ws := make([]window, 0, len(reports))
 	for i := range reports {
 		r := &reports[i]
-		k := puller{memberUnit{r.Unit, r.Member}, r.Incarnation}
-		if !counted(r) || seen[k] {
-			continue
+		if counted(r) {
+			from, to := pullWindow(r)
+			ws = append(ws, window{r.Unit, pullToken{r.Member, r.Incarnation, r.Epoch}, from, to})
 		}
-		seen[k] = true
-		if perUnit[r.Unit]++; perUnit[r.Unit] == 2 {
-			units = append(units, r.Unit)
+	}
+	slices.SortStableFunc(ws, func(a, b window) int { return strings.Compare(a.unit, b.unit) })
+	overlap := func(a, b window) bool {
+		start, end := a.from, a.to
+		if b.from.After(start) {
+			start = b.from
 		}
+		if b.to.Before(end) {
+			end = b.to
+		}
+		return a.token != b.token && end.Sub(start) > slack
+	}
+	var units []string
+	for lo := 0; lo < len(ws); {
+		hi := lo + 1
+		for hi < len(ws) && ws[hi].unit == ws[lo].unit {
+			hi++
+		}
+	pairs:
+		for i := lo; i < hi; i++ {
+			for j := i + 1; j < hi; j++ {
+				if overlap(ws[i], ws[j]) {
+					units = append(units, ws[lo].unit)
+					break pairs
+				}
+			}
+		}
+		lo = hi
 	}
 	return units
 }

@@ -190,7 +190,7 @@ func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase
 		return topologyv1.PhasePending, topologyv1.ReasonNATSUnavailable,
 			"whether units flow cannot be judged: " + o.natsDown
 	case len(multiply) > 0:
-		msg := fmt.Sprintf("%d units pulled by two or more members within the flow window: %s", len(multiply), firstN(multiply, 4))
+		msg := fmt.Sprintf("%d units pulled under two or more claim tokens at once: %s", len(multiply), firstN(multiply, 4))
 		if len(stalled) > 0 {
 			msg += fmt.Sprintf("; %d owned units do not flow: %s", len(stalled), firstN(stalled, 4))
 		}

@@ -37,7 +37,7 @@ func registryWith(n, v, members, owned int, pending *poolctl.Epoch) *registryVie
 			m := i % max(members, 1)
 			claims[u.String()] = poolctl.ClaimInfo{Unit: u.String(), Owner: fmt.Sprintf("w-%d", m), State: poolctl.StateHeld, Epoch: 1}
 			activity = append(activity, poolctl.ActivityReport{Unit: u.String(), Member: fmt.Sprintf("w-%d", m), Incarnation: int64(m + 1), Epoch: 1,
-				ReportedAt: registryNow, LastFetch: registryNow})
+				ReportedAt: registryNow, LastFetch: registryNow, PullingSince: registryNow.Add(-time.Minute)})
 		}
 	}
 	return &registryView{snap: snap, claims: claims, activity: activity}
@@ -190,10 +190,11 @@ func withoutReport(v *registryView, unit string) *registryView {
 	return v
 }
 
-// withSecondPuller adds a fresh report of member pulling unit just now.
+// withSecondPuller adds a fresh report of member pulling unit, under a
+// token of its own, for the last 30 seconds.
 func withSecondPuller(v *registryView, unit, member string, incarnation int64) *registryView {
 	v.activity = append(v.activity, poolctl.ActivityReport{Unit: unit, Member: member, Incarnation: incarnation, Epoch: 1,
-		ReportedAt: v.snap.Now, LastFetch: v.snap.Now})
+		ReportedAt: v.snap.Now, LastFetch: v.snap.Now, PullingSince: v.snap.Now.Add(-30 * time.Second)})
 	return v
 }
 
@@ -209,7 +210,7 @@ func TestComputeStatusCountsStalledAndMultiplyOwnedUnits(t *testing.T) {
 	}
 	c := meta.FindStatusCondition(st.Conditions, topologyv1.ConditionReady)
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != topologyv1.ReasonUnitsMultiplyOwned ||
-		!strings.Contains(c.Message, "pulled by two or more members within the flow window: 1.0") || !strings.Contains(c.Message, "0.1 (w-1: no activity report)") {
+		!strings.Contains(c.Message, "pulled under two or more claim tokens at once: 1.0") || !strings.Contains(c.Message, "0.1 (w-1: no activity report)") {
 		t.Fatalf("Ready %+v, want False/UnitsMultiplyOwned naming 1.0, and the stalled 0.1", c)
 	}
 }

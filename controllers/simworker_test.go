@@ -32,11 +32,14 @@ type simWorker struct {
 	// holdAcks keeps the worker from acknowledging a pending epoch.
 	holdAcks atomic.Bool
 
-	mu      sync.Mutex
-	ref     poolctl.MemberRef
-	joined  bool
-	acked   int64
-	held    map[string]poolctl.Token
+	mu     sync.Mutex
+	ref    poolctl.MemberRef
+	joined bool
+	acked  int64
+	held   map[string]poolctl.Token
+	// pulling is since when each held unit is "pulled": from its claim,
+	// as a worker's puller starts after the claim committed.
+	pulling map[string]time.Time
 	lastErr error
 
 	cancel context.CancelFunc
@@ -46,7 +49,7 @@ type simWorker struct {
 const simTick = 200 * time.Millisecond
 
 func newSimWorker(reg poolctl.Registry, topology, name string) *simWorker {
-	return &simWorker{reg: reg, topology: topology, name: name, held: map[string]poolctl.Token{}}
+	return &simWorker{reg: reg, topology: topology, name: name, held: map[string]poolctl.Token{}, pulling: map[string]time.Time{}}
 }
 
 // startSimWorker runs a simWorker until the test ends or stop is called.
@@ -126,7 +129,7 @@ func (w *simWorker) join(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.ref, w.joined, w.acked = l.MemberRef, true, 0
-	w.held = map[string]poolctl.Token{}
+	w.held, w.pulling = map[string]poolctl.Token{}, map[string]time.Time{}
 	w.mu.Unlock()
 	return nil
 }
@@ -183,6 +186,7 @@ func (w *simWorker) tick(ctx context.Context) error {
 				return fmt.Errorf("release %s: %w", u, err)
 			}
 			delete(w.held, u)
+			delete(w.pulling, u)
 		}
 	}
 	w.mu.Unlock()
@@ -213,18 +217,20 @@ func (w *simWorker) tick(ctx context.Context) error {
 		}
 		w.mu.Lock()
 		w.held[u] = c.Token
+		w.pulling[u] = time.Now()
 		w.mu.Unlock()
 	}
 	return nil
 }
 
-// reportActivity reports every held unit as pulled, with a row, just now:
-// a simWorker pulls nothing, but plays a worker whose units flow.
+// reportActivity reports every held unit as pulled, with a row, just now,
+// under its token since its claim: a simWorker pulls nothing, but plays a
+// worker whose units flow.
 func (w *simWorker) reportActivity(ctx context.Context, ref poolctl.MemberRef) error {
 	w.mu.Lock()
 	units := make([]poolctl.UnitActivity, 0, len(w.held))
 	for u, tok := range w.held {
-		units = append(units, poolctl.UnitActivity{Unit: u, Epoch: tok.Epoch})
+		units = append(units, poolctl.UnitActivity{Unit: u, Epoch: tok.Epoch, SincePullStart: time.Since(w.pulling[u])})
 	}
 	w.mu.Unlock()
 	if err := w.reg.ReportActivity(ctx, ref, units); err != nil {

@@ -573,12 +573,13 @@ type UnitCounts struct {
 	Owned int32 `json:"owned"`
 	// Unowned units have no valid claim.
 	Unowned int32 `json:"unowned"`
-	// MultiplyOwned units were pulled by two or more members at once, as
-	// their activity reports show: a fresh report (made within two renew
-	// intervals) from each saying it pulled within two renew intervals.
-	// The registry cannot record two valid claims on one unit, so this is
-	// measured from what workers did. Anything but 0 is a broken promise
-	// (P1) and a bug.
+	// MultiplyOwned units were pulled under two or more claim tokens at
+	// once, as the workers' activity reports show: two fresh reports (made
+	// within two renew intervals) whose pull windows under different
+	// tokens overlap by more than the query bound plus one second. A
+	// handover's windows are sequential and never count. The registry
+	// cannot record two valid claims on one unit, so this is measured from
+	// what workers did. Anything but 0 is a broken promise (P1) and a bug.
 	MultiplyOwned int32 `json:"multiplyOwned"`
 	// Stalled counts owned units that do not flow: the owner's activity
 	// report is stale or missing, or the unit's consumer had rows pending

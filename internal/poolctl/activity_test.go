@@ -16,10 +16,10 @@ func TestActivityReportReplacesTheMembersPrevious(t *testing.T) {
 		a, _ := r.Join(ctx, topo, "a")
 		b, _ := r.Join(ctx, topo, "b")
 		must(t, r.ReportActivity(ctx, a.MemberRef, []UnitActivity{
-			{Unit: "0.0", Epoch: 1, SinceFetch: 2 * time.Second, SinceRows: 5 * time.Second},
-			{Unit: "0.1", Epoch: 3, SinceFetch: time.Second, SinceRows: -1},
+			{Unit: "0.0", Epoch: 1, SinceFetch: 2 * time.Second, SinceRows: 5 * time.Second, SincePullStart: 90*time.Second + 250*time.Microsecond},
+			{Unit: "0.1", Epoch: 3, SinceFetch: time.Second, SinceRows: -1, SincePullStart: -1},
 		}))
-		must(t, r.ReportActivity(ctx, b.MemberRef, []UnitActivity{{Unit: "0.1", Epoch: 4, SinceFetch: -1, SinceRows: -1}}))
+		must(t, r.ReportActivity(ctx, b.MemberRef, []UnitActivity{{Unit: "0.1", Epoch: 4, SinceFetch: -1, SinceRows: -1, SincePullStart: 0}}))
 		got, err := r.Activity(ctx, topo)
 		must(t, err)
 		if len(got) != 3 || got[0].Unit != "0.0" || got[1].Member != "a" || got[2].Member != "b" {
@@ -32,6 +32,15 @@ func TestActivityReportReplacesTheMembersPrevious(t *testing.T) {
 		}
 		if !got[1].LastRows.IsZero() || !got[2].LastFetch.IsZero() {
 			t.Fatalf("never is reported as a time: %+v", got[1:])
+		}
+		// The pull window (issue 21): since when the member pulls under the
+		// token, on the registry's clock, to the microsecond; unknown is
+		// zero, and a puller that started at the report opens it there.
+		if w := r0.ReportedAt.Sub(r0.PullingSince); w != 90*time.Second+250*time.Microsecond {
+			t.Fatalf("a's window on 0.0 opened %v before its report, want 1m30.00025s: %+v", w, r0)
+		}
+		if !got[1].PullingSince.IsZero() || !got[2].PullingSince.Equal(got[2].ReportedAt) {
+			t.Fatalf("an unknown start is zero and a start at the report is the report: %+v", got[1:])
 		}
 		snap, err := r.Snapshot(ctx, topo)
 		must(t, err)

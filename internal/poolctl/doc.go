@@ -214,12 +214,15 @@
 //   - ConfirmOwned is one pipeline, one round trip once prepared, for any
 //     number of claims: the batch path after a fence lifts.
 //   - Activity. ReportActivity replaces the member's report (one statement:
-//     rows for units no longer reported go): per unit, when it last pulled
-//     and last received rows, sent as ages on the member's clock and stored
-//     as times on the registry's, so no two clocks are compared. It needs
-//     the member's current incarnation but not a live lease. The operator
-//     reads Activity to find units pulled by two members and owned units
-//     that do not flow (P7): no report means nothing measured, not zero.
+//     rows for units no longer reported go): per unit, the claim epoch the
+//     member pulls under, since when it pulls under it (its pull window
+//     opens then and runs to the report), and when it last pulled and last
+//     received rows, sent as ages on the member's clock and stored as times
+//     on the registry's, so no two clocks are compared. It needs the
+//     member's current incarnation but not a live lease. The operator reads
+//     Activity to find units pulled under two claim tokens at once
+//     (overlapping windows) and owned units that do not flow (P7): no
+//     report means nothing measured, not zero.
 //   - History. Triggers append a claim event whenever a claim row is new or
 //     its owner, incarnation, epoch or state changed (never for a
 //     checkpoint), with the writer's last_op (claim, adopt, rehome, settle,

@@ -27,19 +27,21 @@ func (p *PG) ReportActivity(ctx context.Context, m MemberRef, units []UnitActivi
 		WITH t AS (SELECT shardkeeper.clock($1) AS now),
 		me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 		ok AS (SELECT 1 FROM me WHERE me.incarnation = $3 AND me.left_at IS NULL),
-		w AS (SELECT * FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[]) AS w(unit, epoch, since_fetch, since_rows)),
+		w AS (SELECT * FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]) AS w(unit, epoch, since_fetch, since_rows, since_pull)),
 		del AS (DELETE FROM shardkeeper.unit_activity a
 		         WHERE a.topology = $1 AND a.member = $2 AND EXISTS (SELECT 1 FROM ok) AND a.unit <> ALL($4::text[])),
-		up AS (INSERT INTO shardkeeper.unit_activity AS a (topology, unit, member, incarnation, epoch, reported_at, last_fetch_at, last_rows_at)
+		up AS (INSERT INTO shardkeeper.unit_activity AS a (topology, unit, member, incarnation, epoch, reported_at, last_fetch_at, last_rows_at, pulling_since)
 		       SELECT $1, w.unit, $2, $3, w.epoch, t.now,
 		              CASE WHEN w.since_fetch < 0 THEN NULL ELSE t.now - w.since_fetch * interval '1 microsecond' END,
-		              CASE WHEN w.since_rows < 0 THEN NULL ELSE t.now - w.since_rows * interval '1 microsecond' END
+		              CASE WHEN w.since_rows < 0 THEN NULL ELSE t.now - w.since_rows * interval '1 microsecond' END,
+		              CASE WHEN w.since_pull < 0 THEN NULL ELSE t.now - w.since_pull * interval '1 microsecond' END
 		         FROM w, t, ok
 		       ON CONFLICT (topology, member, unit) DO UPDATE
 		          SET incarnation = excluded.incarnation, epoch = excluded.epoch, reported_at = excluded.reported_at,
-		              last_fetch_at = excluded.last_fetch_at, last_rows_at = excluded.last_rows_at)
+		              last_fetch_at = excluded.last_fetch_at, last_rows_at = excluded.last_rows_at,
+		              pulling_since = excluded.pulling_since)
 		SELECT t.now, EXISTS (SELECT 1 FROM ok), `+memberCols("me")+` FROM t LEFT JOIN me ON true`,
-		m.Topology, m.Member, m.Incarnation, rep.units, rep.epochs, rep.sinceFetch, rep.sinceRows).Scan(
+		m.Topology, m.Member, m.Incarnation, rep.units, rep.epochs, rep.sinceFetch, rep.sinceRows, rep.sincePull).Scan(
 		scanAll([]any{&now, &done}, cur.dest())...)
 	if err != nil {
 		return fmt.Errorf("report activity of %s: %w", m.Member, err)
@@ -65,7 +67,7 @@ func (p *PG) Activity(ctx context.Context, topology string) ([]ActivityReport, e
 // activitySQL lists a topology's activity reports (one row of NULLs when
 // it has none, none when the topology is unknown).
 const activitySQL = `
-	SELECT a.unit, a.member, a.incarnation, a.epoch, a.reported_at, a.last_fetch_at, a.last_rows_at
+	SELECT a.unit, a.member, a.incarnation, a.epoch, a.reported_at, a.last_fetch_at, a.last_rows_at, a.pulling_since
 	  FROM shardkeeper.topologies t LEFT JOIN shardkeeper.unit_activity a ON a.topology = t.topology
 	 WHERE t.topology = $1
 	 ORDER BY a.unit COLLATE "C", a.member COLLATE "C"`
@@ -81,8 +83,9 @@ func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 			unit, member            *string
 			inc, epoch              *int64
 			reported, fetch, recent *time.Time
+			pulling                 *time.Time
 		)
-		if err := rows.Scan(&unit, &member, &inc, &epoch, &reported, &fetch, &recent); err != nil {
+		if err := rows.Scan(&unit, &member, &inc, &epoch, &reported, &fetch, &recent, &pulling); err != nil {
 			return nil, fmt.Errorf("activity of %s: %w", topology, err)
 		}
 		if unit == nil {
@@ -94,6 +97,9 @@ func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 		}
 		if recent != nil {
 			r.LastRows = *recent
+		}
+		if pulling != nil {
+			r.PullingSince = *pulling
 		}
 		out = append(out, r)
 	}

@@ -152,7 +152,7 @@ func TestBackendsAgreeOnRandomOperations(t *testing.T) {
 					var rep []UnitActivity
 					for j, su := range distinctUnits(some) {
 						rep = append(rep, UnitActivity{Unit: su, Epoch: int64(j), SinceFetch: time.Duration(j-1) * time.Second,
-							SinceRows: time.Duration(j-2) * time.Second})
+							SinceRows: time.Duration(j-2) * time.Second, SincePullStart: time.Duration(j-1) * time.Second})
 					}
 					err = r.ReportActivity(ctx, ref, rep)
 				case "reset":
@@ -200,8 +200,8 @@ func newStateSummary(ctx context.Context, t fataler, r testRegistry, topo string
 		fmt.Fprintf(&b, "%s draining=%v lifted=%v ", m.Name, m.Draining, !m.FenceLiftedAt.IsZero())
 	}
 	for _, a := range acts {
-		fmt.Fprintf(&b, "act %s/%s#%d@%d fetch=%v rows=%v ", a.Unit, a.Member, a.Incarnation, a.Epoch,
-			!a.LastFetch.IsZero(), !a.LastRows.IsZero())
+		fmt.Fprintf(&b, "act %s/%s#%d@%d fetch=%v rows=%v pulling=%v ", a.Unit, a.Member, a.Incarnation, a.Epoch,
+			!a.LastFetch.IsZero(), !a.LastRows.IsZero(), !a.PullingSince.IsZero())
 	}
 	perUnit := map[string][]string{}
 	for _, e := range hist {

@@ -145,9 +145,11 @@ type Registry interface {
 	SetRetiring(ctx context.Context, topology string, units []string) error
 
 	// ReportActivity replaces the member's activity report: for each unit
-	// it holds, when it last pulled and last received a row. The operator
-	// compares reports to find units pulled by two members at once and
-	// owned units whose rows do not flow (P7).
+	// it holds, the claim epoch it pulls under, since when it pulls under
+	// it, and when it last pulled and last received a row. The operator
+	// compares reports to find units pulled under two claim tokens at once
+	// (overlapping pull windows) and owned units whose rows do not flow
+	// (P7).
 	ReportActivity(ctx context.Context, m MemberRef, units []UnitActivity) error
 	// Activity lists every member's latest activity report.
 	Activity(ctx context.Context, topology string) ([]ActivityReport, error)
@@ -315,6 +317,13 @@ type UnitActivity struct {
 	// SinceRows is the time since the puller last received a row;
 	// negative means never.
 	SinceRows time.Duration
+	// SincePullStart is the time since the member's puller of the unit
+	// started pulling under the claim token at Epoch: the report says the
+	// member pulled the unit under that token from then until the report
+	// (its pull window). Negative means unknown (a worker that predates
+	// it). The operator counts a unit as multiply owned only when two
+	// tokens' windows overlap.
+	SincePullStart time.Duration
 }
 
 // ActivityReport is one unit of one member's latest report, on the
@@ -328,6 +337,10 @@ type ActivityReport struct {
 	// LastFetch and LastRows are zero when the member never pulled or
 	// never received a row.
 	LastFetch, LastRows time.Time
+	// PullingSince is when the member's puller started pulling the unit
+	// under the claim token at Epoch; its pull window runs from then to
+	// ReportedAt. Zero when the report did not say (an older worker).
+	PullingSince time.Time
 }
 
 // Confirmation is the result of ConfirmOwned.

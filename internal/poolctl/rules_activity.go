@@ -8,14 +8,14 @@ import (
 // activityReport is a validated activity report as both backends write
 // it: ages in microseconds (PostgreSQL's resolution), -1 for "never".
 type activityReport struct {
-	units                         []string
-	epochs, sinceFetch, sinceRows []int64
+	units                                    []string
+	epochs, sinceFetch, sinceRows, sincePull []int64
 }
 
 // activityRows validates a report: canonical unit names, each at most
 // once (a report is one member's view of each unit it holds).
 func activityRows(units []UnitActivity) (activityReport, error) {
-	r := activityReport{units: []string{}, epochs: []int64{}, sinceFetch: []int64{}, sinceRows: []int64{}}
+	r := activityReport{units: []string{}, epochs: []int64{}, sinceFetch: []int64{}, sinceRows: []int64{}, sincePull: []int64{}}
 	seen := map[string]bool{}
 	for _, u := range units {
 		if _, _, err := parseUnit(u.Unit); err != nil {
@@ -27,6 +27,7 @@ func activityRows(units []UnitActivity) (activityReport, error) {
 		seen[u.Unit] = true
 		r.units, r.epochs = append(r.units, u.Unit), append(r.epochs, u.Epoch)
 		r.sinceFetch, r.sinceRows = append(r.sinceFetch, ageMicros(u.SinceFetch)), append(r.sinceRows, ageMicros(u.SinceRows))
+		r.sincePull = append(r.sincePull, ageMicros(u.SincePullStart))
 	}
 	return r, nil
 }

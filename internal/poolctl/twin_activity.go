@@ -31,7 +31,7 @@ func (t *Twin) ReportActivity(_ context.Context, m MemberRef, units []UnitActivi
 	for i, u := range rep.units {
 		tp.activity[[2]string{m.Member, u}] = ActivityReport{Unit: u, Member: m.Member, Incarnation: m.Incarnation,
 			Epoch: rep.epochs[i], ReportedAt: now, LastFetch: agoOrZero(now, rep.sinceFetch[i]),
-			LastRows: agoOrZero(now, rep.sinceRows[i])}
+			LastRows: agoOrZero(now, rep.sinceRows[i]), PullingSince: agoOrZero(now, rep.sincePull[i])}
 	}
 	return nil
 }

@@ -111,9 +111,30 @@ func runSpec(t *testing.T, inf *infra, in specInput) result {
 	case v.Published == 0:
 		t.Errorf("nothing was published: the scenario checked nothing")
 	}
+	seen := s.status.since(time.Time{})
+	g, multiply := multiplyOwnedSighting(seen)
+	t.Logf("%d versions of the ShardTopology seen; one counting a multiply owned unit: %t", len(seen), multiply)
+	if multiply && v.OverlappingWindows == 0 {
+		// Issue 21: the gauge is a P1 signal, so it must be exact: a
+		// scenario whose deliveries never overlapped (rolls, changes,
+		// crashes, adoptions) shows 0 throughout.
+		t.Errorf("status said %d units multiply owned at %s (%s), but no two deliverers' windows overlapped",
+			g.obj.Status.Units.MultiplyOwned, g.at.Format("15:04:05.000"), g)
+	}
 	r.Failed, r.FirstViolation = t.Failed(), v.FirstViolation
 	t.Logf("scenario %s verdict:\n%s", in.ID, v.Table())
 	return r
+}
+
+// multiplyOwnedSighting is the first sighting whose status counts a
+// multiply owned unit, if any.
+func multiplyOwnedSighting(seen []sighting) (sighting, bool) {
+	for _, g := range seen {
+		if u := g.obj.Status.Units; u != nil && u.MultiplyOwned > 0 {
+			return g, true
+		}
+	}
+	return sighting{}, false
 }
 
 // readySince is when status last became Ready at topo (and stayed so), no

@@ -445,8 +445,12 @@ func (c *Core) expected() map[string]int64 {
 	return out
 }
 
-// reportActivity tells the registry, for each unit with a puller, when it
-// last pulled and received rows (P7). Best effort; one at a time.
+// reportActivity tells the registry, for each unit with a puller, the
+// claim token it pulls under, since when (the puller's start, so the
+// window opens no later than its first fetch and after the claim
+// committed), and when it last pulled and received rows (P1, P7). A unit
+// being handed over is not reported: its puller is draining, and the row
+// goes. Best effort; one at a time.
 func (c *Core) reportActivity() {
 	if c.activity != nil || c.lease == nil {
 		return
@@ -457,7 +461,8 @@ func (c *Core) reportActivity() {
 		if x.puller == nil || x.state != stHeld {
 			continue
 		}
-		a := poolctl.UnitActivity{Unit: u.String(), Epoch: x.token.Epoch, SinceFetch: -1, SinceRows: -1}
+		a := poolctl.UnitActivity{Unit: u.String(), Epoch: x.puller.token.Epoch, SinceFetch: -1, SinceRows: -1,
+			SincePullStart: c.now - x.puller.started}
 		if x.fetched {
 			a.SinceFetch = c.now - x.lastFetch
 		}

@@ -12,7 +12,7 @@ func (c *Core) startPuller(u ownership.Unit, x *unit) {
 		return
 	}
 	c.pullers++
-	x.puller = &pullerRef{id: PullerID(c.pullers)}
+	x.puller = &pullerRef{id: PullerID(c.pullers), token: x.token, started: c.now}
 	c.emit(StartPuller{Puller: x.puller.id, Unit: u, Token: x.token, Incarnation: c.incarnation(), Under: x.under,
 		Unpin: !c.cfg.mutations.on(UnpinSkippedBeforeFirstPull), Takeover: x.takeover, From: x.from,
 		Reset: c.reset, ResetReadAt: c.resetAt})

@@ -89,6 +89,10 @@ const (
 type pullerRef struct {
 	id    PullerID
 	state pullerState
+	// token is the claim token it pulls under and started when it was
+	// started: its pull window, for the activity report.
+	token   poolctl.Token
+	started time.Duration
 	// deadline: stop waiting for its report then (0: none).
 	deadline time.Duration
 	stuck    bool

@@ -1,0 +1,13 @@
+-- shardkeeper registry schema, version 9: pull windows in activity
+-- reports (issue 21). The operator counted a unit as multiply owned when
+-- two members reported a pull of it within two renew intervals, so every
+-- ordinary handover (the old owner's last report still fresh when the new
+-- owner's first came) counted. A report now says since when the member has
+-- been pulling the unit under the claim token it reports (its puller's
+-- start, on the registry's clock); the window it reports runs from then to
+-- reported_at. The operator counts a unit only when two tokens' windows
+-- overlap by more than the clock slack, never for the sequential windows of
+-- a handover. NULL: a worker that predates this column (the operator then
+-- takes the last completed pull as the window's start, which only narrows
+-- it).
+ALTER TABLE shardkeeper.unit_activity ADD COLUMN pulling_since timestamptz;
