@@ -98,7 +98,7 @@ var table = []mutation{
 	coreMutation(member.ConfirmWithoutVersionCheck, "./pkg/worker", "TestALateConfirmationDoesNotBringBackAReleasedUnit"),
 	coreMutation(member.FreezeAckAcrossRejoin, "./pkg/worker", "TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain"),
 	coreMutation(member.LostClaimReplyGuessed, "./pkg/worker", "TestALostClaimReplyThenAPlacementChangeStrandsNothing"),
-	coreMutation(member.NoLazyFenceCheck, "./pkg/worker", "TestSigstopLongerThanLeaseFencesThenRejoins"),
+	coreMutation(member.NoLazyFenceCheck, "./pkg/worker", "TestAStalledCoreStillStopsDeliveryAtTheFenceDeadline"),
 	coreMutation(member.NoSelfFence, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
 	coreMutation(member.SelfFenceAfterExpiry, "./pkg/worker", "TestALateFenceDoesNotLeaveTheMemberFenced"),
 	// The rule this mutation breaks (apply a confirmation's answer only
