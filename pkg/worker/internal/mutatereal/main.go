@@ -115,7 +115,7 @@ var table = []mutation{
 	// pkg/worker/confirm_test.go.
 	coreMutation(member.StaleConfirmationApplied, "", "").unreachableBecause(
 		"unreachable: pkg/worker delivers no reply but the one in flight (one reply per request, one lease call at a time)"),
-	coreMutation(member.StaleIncarnationGivesUp, "./pkg/worker", "TestAWorkersOwnLateJoinDoesNotDisplaceIt"),
+	coreMutation(member.StaleIncarnationGivesUp, "./pkg/worker", "TestAWorkersOwnJoinLandingAfterItsLeaseLapsedDoesNotDisplaceIt"),
 	coreMutation(member.StaleIncarnationRejoinsAtOnce, "./pkg/worker", "TestTwoProcessesUnderOnePodNameDoNotTakeTurns"),
 	coreMutation(member.UnpinSkippedBeforeFirstPull, "./pkg/worker", "TestSigkillTakeoverReturnsInFlightRows"),
 }
