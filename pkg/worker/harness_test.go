@@ -52,9 +52,167 @@ type faultyRegistry struct {
 	late sync.WaitGroup
 	// heldRenewals are when each Renew the gate held was made.
 	heldRenewals []time.Time
+
+	// confirmGate, when set, makes the next ConfirmOwned that succeeds
+	// read its answer and hold it until the gate closes, whatever the
+	// caller's deadline: an answer read now that arrives late.
+	// heldConfirms are the answers it held.
+	confirmGate  chan struct{}
+	heldConfirms []confirmAnswer
+	// confirms is every answer ConfirmOwned gave, held or not.
+	confirms []confirmAnswer
+	// releaseGate, when set, holds every ReleaseMany before it reaches
+	// the registry until the gate closes; the request then runs with a
+	// deadline of its own (it arrives late, and commits). heldReleases
+	// are the tokens of each release it held.
+	releaseGate  chan struct{}
+	heldReleases [][]poolctl.Token
+	// snapshotGate, when set, holds every Snapshot until it closes or the
+	// call's deadline passes (the read then fails): the member's ticks
+	// place, claim and hand over nothing meanwhile.
+	snapshotGate chan struct{}
+	// lane logs the member's lease calls (join, renew, fence, unfence,
+	// confirm, leave) in the order they were made. The member's core has
+	// one in flight at a time and sends the next only after it handled
+	// the previous one's reply, so a call logged after a held reply was
+	// let through shows that the core handled that reply.
+	lane []string
+}
+
+// confirmAnswer is one answer of ConfirmOwned and what it was asked.
+type confirmAnswer struct {
+	// lane is the call's index in faultyRegistry.lane.
+	lane     int
+	expected map[string]int64
+	conf     poolctl.Confirmation
+}
+
+// logLane records a lease call and returns its index in r.lane.
+func (r *faultyRegistry) logLane(call string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lane = append(r.lane, call)
+	return len(r.lane) - 1
+}
+
+// laneLog returns a copy of the lease calls made so far.
+func (r *faultyRegistry) laneLog() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.lane...)
+}
+
+func (r *faultyRegistry) Rejoin(ctx context.Context, m poolctl.MemberRef, process string) (poolctl.Lease, error) {
+	r.logLane("join")
+	return r.Registry.Rejoin(ctx, m, process)
+}
+
+func (r *faultyRegistry) Unfence(ctx context.Context, m poolctl.MemberRef, gen int64) error {
+	r.logLane("unfence")
+	return r.Registry.Unfence(ctx, m, gen)
+}
+
+func (r *faultyRegistry) Leave(ctx context.Context, m poolctl.MemberRef) error {
+	r.logLane("leave")
+	return r.Registry.Leave(ctx, m)
+}
+
+func (r *faultyRegistry) ConfirmOwned(ctx context.Context, m poolctl.MemberRef, expected map[string]int64) (poolctl.Confirmation, error) {
+	idx := r.logLane("confirm")
+	c, err := r.Registry.ConfirmOwned(ctx, m, expected)
+	if err != nil {
+		return c, err
+	}
+	ans := confirmAnswer{lane: idx, expected: map[string]int64{}, conf: c}
+	for u, e := range expected {
+		ans.expected[u] = e
+	}
+	r.mu.Lock()
+	r.confirms = append(r.confirms, ans)
+	gate := r.confirmGate
+	if gate != nil {
+		r.confirmGate = nil
+		r.heldConfirms = append(r.heldConfirms, ans)
+	}
+	r.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return c, nil
+}
+
+// confirmAt returns the answer of the ConfirmOwned logged at lane index
+// i, if it succeeded.
+func (r *faultyRegistry) confirmAt(i int) (confirmAnswer, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range r.confirms {
+		if a.lane == i {
+			return a, true
+		}
+	}
+	return confirmAnswer{}, false
+}
+
+func (r *faultyRegistry) ReleaseMany(ctx context.Context, tokens []poolctl.Token) ([]error, error) {
+	r.mu.Lock()
+	gate := r.releaseGate
+	if gate != nil {
+		r.heldReleases = append(r.heldReleases, append([]poolctl.Token(nil), tokens...))
+	}
+	r.mu.Unlock()
+	if gate == nil {
+		return r.Registry.ReleaseMany(ctx, tokens)
+	}
+	<-gate
+	late, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return r.Registry.ReleaseMany(late, tokens)
+}
+
+func (r *faultyRegistry) Snapshot(ctx context.Context, topology string) (poolctl.Snapshot, error) {
+	r.mu.Lock()
+	gate := r.snapshotGate
+	r.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return poolctl.Snapshot{}, fmt.Errorf("snapshot held by the test: %w", ctx.Err())
+		}
+	}
+	return r.Registry.Snapshot(ctx, topology)
+}
+
+// holdSnapshots holds every Snapshot from now until the returned func
+// is called (or the test ends).
+func (r *faultyRegistry) holdSnapshots(t *testing.T) func() {
+	g, open := gate(t)
+	r.mu.Lock()
+	r.snapshotGate = g
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		r.snapshotGate = nil
+		r.mu.Unlock()
+		open()
+	}
+}
+
+// gate returns a channel and a func that closes it once. The func is
+// also a cleanup of t, so a test that fails while a call is held lets
+// the worker stop: call gate after starting the worker, so this cleanup
+// runs before the worker's.
+func gate(t *testing.T) (chan struct{}, func()) {
+	c := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(c) }) }
+	t.Cleanup(open)
+	return c, open
 }
 
 func (r *faultyRegistry) Renew(ctx context.Context, m poolctl.MemberRef) (poolctl.Lease, error) {
+	r.logLane("renew")
 	r.mu.Lock()
 	gate := r.renewGate
 	if gate != nil {
@@ -72,6 +230,7 @@ func (r *faultyRegistry) Renew(ctx context.Context, m poolctl.MemberRef) (poolct
 }
 
 func (r *faultyRegistry) Fence(ctx context.Context, m poolctl.MemberRef, gen int64) error {
+	r.logLane("fence")
 	r.mu.Lock()
 	late := r.lateFence
 	r.lateFence = 0
@@ -249,6 +408,27 @@ func (s *sdkWorker) counter(t *testing.T, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// histogramCount reads how many observations one of the worker's
+// histograms has.
+func (s *sdkWorker) histogramCount(t *testing.T, name string) uint64 {
+	t.Helper()
+	mfs, err := s.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		var n uint64
+		for _, m := range mf.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+		}
+		return n
+	}
+	return 0
 }
 
 // token is the worker's current claim on unit.
