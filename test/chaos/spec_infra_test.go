@@ -82,9 +82,10 @@ func (s *scene) cutRegistry(hung, on bool) {
 	s.t.Logf("registry outage (hung %t): %t", hung, on)
 }
 
-// awaitEveryPodHolds waits until every unit of topo is held and every pod
-// holds one: Ready does not wait for the last pod to claim its share, and
-// an outage that lands mid-rebalance moves units after the return.
+// awaitEveryPodHolds waits until every unit of topo is held by its
+// placement owner and every pod holds one: Ready does not wait for the
+// last pod to claim its share, and an outage that lands mid-rebalance
+// moves units after the return.
 func (s *scene) awaitEveryPodHolds(topo ownership.Topology) {
 	s.t.Helper()
 	s.eventually(time.Minute, func() error {
@@ -100,6 +101,17 @@ func (s *scene) awaitEveryPodHolds(topo ownership.Topology) {
 		}
 		if len(owners) < topo.Len() {
 			return fmt.Errorf("%d of %d units held", len(owners), topo.Len())
+		}
+		// Settled, not mid-rebalance: a fault that lands while a unit
+		// moves to the last pod rightly ends with the unit there (a CI
+		// run's "owners back" check took the moving unit's old owner as
+		// its owner).
+		sn, err := s.snapshot()
+		if err != nil {
+			return err
+		}
+		if !s.allPlaced(sn, topo) {
+			return fmt.Errorf("units still moving to their placement owners")
 		}
 		return nil
 	})

@@ -19,6 +19,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -240,12 +241,18 @@ func setEnv(c *corev1.Container, set map[string]string) {
 func (w *world) updateTemplateEnv(set map[string]string) {
 	w.t.Helper()
 	ctx := context.Background()
-	sts := &appsv1.StatefulSet{}
-	if err := w.k.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "ingest"}, sts); err != nil {
-		w.t.Fatal(err)
-	}
-	setEnv(&sts.Spec.Template.Spec.Containers[0], set)
-	if err := w.k.Update(ctx, sts); err != nil {
+	// The StatefulSet controller writes the object's status meanwhile,
+	// which moves its resourceVersion: read and update again on a
+	// conflict (a CI run failed on one).
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		sts := &appsv1.StatefulSet{}
+		if err := w.k.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "ingest"}, sts); err != nil {
+			return err
+		}
+		setEnv(&sts.Spec.Template.Spec.Containers[0], set)
+		return w.k.Update(ctx, sts)
+	})
+	if err != nil {
 		w.t.Fatal(err)
 	}
 }

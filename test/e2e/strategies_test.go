@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -142,12 +143,16 @@ func sampleTopology(w *world, topo ownership.Topology) *topologyv1.ShardTopology
 
 func (*sequenced) Change(w *world, topo ownership.Topology) {
 	ctx := context.Background()
-	st := &topologyv1.ShardTopology{}
-	if err := w.k.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "ingest"}, st); err != nil {
-		w.t.Fatal(err)
-	}
-	st.Spec.Partitions, st.Spec.ShardsPerPartition = int32(topo.Partitions), int32(topo.Shards)
-	if err := w.k.Update(ctx, st); err != nil {
+	// The operator's status writes move the resourceVersion meanwhile.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		st := &topologyv1.ShardTopology{}
+		if err := w.k.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: "ingest"}, st); err != nil {
+			return err
+		}
+		st.Spec.Partitions, st.Spec.ShardsPerPartition = int32(topo.Partitions), int32(topo.Shards)
+		return w.k.Update(ctx, st)
+	})
+	if err != nil {
 		w.t.Fatal(err)
 	}
 	waitTopologyReady(w, topo)
