@@ -95,6 +95,9 @@ func TestAVanishedConsumerIsLoggedCountedAndMakesTheWorkerNotReady(t *testing.T)
 		t.Fatal(err)
 	}
 	ref := f.Layout.ConsumerRef(natsops.Unit{Partition: 0, Shard: 1})
+	// Taken before the deletion: the worker's first failed fetch can come
+	// before the check below returns, and the bound runs from that failure.
+	deleted := time.Now()
 	if err := js.DeleteConsumer(ctx, ref.Stream, ref.Name); err != nil {
 		t.Fatalf("delete the consumer of 0.1: %v", err)
 	}
@@ -102,7 +105,6 @@ func TestAVanishedConsumerIsLoggedCountedAndMakesTheWorkerNotReady(t *testing.T)
 	if _, err := js.Consumer(ctx, ref.Stream, ref.Name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Fatalf("setup: the consumer of 0.1 after its deletion: %v, want not found", err)
 	}
-	deleted := time.Now()
 
 	fleettest.Eventually(t, 30*time.Second, func() error {
 		if len(logs.matching("failed", `"unit"="0.1"`, `"reason"="consumer_missing"`)) == 0 {
