@@ -119,7 +119,9 @@ func (r *ShardTopologyReconciler) superseded(ctx context.Context, s *scope, err 
 		return true
 	}
 	fe, ok := poolctl.OperatorFenced(err)
-	if !ok {
+	if !ok || fe.Lost() {
+		// A lost take is the registry's loss, not a newer leader: the
+		// reconcile retries and recoverBehindRegistry binds it again.
 		return false
 	}
 	r.conns().markSuperseded(s.key, err)

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -160,3 +161,33 @@ func TestARegistryFoundBehindIsRecoveredAtItsTimeNotAfterABackoff(t *testing.T) 
 }
 
 func isBehind(err error) bool { _, ok := poolctl.RegistryBehind(err); return ok }
+
+// Issue 21: a token above the registry's latest is a take the registry
+// lost in a failover; its holder is the newest leader and must not stop
+// (the reconcile retries and Recover binds the token again). A token below
+// the latest is a newer leader's take: that holder stops.
+func TestALostTokenTakeIsNotTakenForANewerLeader(t *testing.T) {
+	topo := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ingest"}}
+	for _, tc := range []struct {
+		name       string
+		refusal    *poolctl.OperatorFencedError
+		superseded bool
+	}{
+		{"a take the registry lost", &poolctl.OperatorFencedError{Topology: "ns/ingest", Presented: 2, Current: 1, Holder: "operator-0"}, false},
+		{"a take the registry never had at all", &poolctl.OperatorFencedError{Topology: "ns/ingest", Presented: 1}, false},
+		{"a newer leader's take", &poolctl.OperatorFencedError{Topology: "ns/ingest", Presented: 1, Current: 2, Holder: "operator-1"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stopped := 0
+			r := &ShardTopologyReconciler{Recorder: events.NewFakeRecorder(10), OnSuperseded: func(error) { stopped++ }}
+			s := newScope(topo, time.Now())
+			err := fmt.Errorf("set draining: %w", tc.refusal)
+			if got := r.superseded(context.Background(), s, err); got != tc.superseded || (stopped == 1) != tc.superseded {
+				t.Fatalf("superseded(%v) = %t, OnSuperseded called %d times; want %t", err, got, stopped, tc.superseded)
+			}
+			if !tc.superseded && !errors.Is(err, poolctl.ErrRegistryBehind) {
+				t.Fatalf("%v: want it to read as the registry behind", err)
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,14 +72,27 @@ func (e *OperatorFencedError) Error() string {
 	if e.Presented == 0 {
 		return fmt.Sprintf("operator write to %s carries no operator token, but leader %q holds token %d", e.Topology, e.Holder, e.Current)
 	}
-	if e.Current == 0 {
-		return fmt.Sprintf("operator token %d of %s is unknown to the registry (lost in a failover or restore)", e.Presented, e.Topology)
+	if e.Lost() {
+		return fmt.Sprintf("operator token %d of %s is above the registry's latest (%d): the registry lost its take "+
+			"(a failover or restore) and is behind until Recover", e.Presented, e.Topology, e.Current)
 	}
 	return fmt.Sprintf("operator token %d of %s superseded: leader %q took token %d", e.Presented, e.Topology, e.Holder, e.Current)
 }
 
-// Is matches ErrOperatorSuperseded.
-func (e *OperatorFencedError) Is(target error) bool { return target == ErrOperatorSuperseded }
+// Lost reports whether the refused token is above the registry's latest:
+// only the registry issues tokens, so it lost the commit of this take (a
+// failover or restore). Its holder is the newest leader, not a superseded
+// one; Recover binds the token again (migration 0010).
+func (e *OperatorFencedError) Lost() bool { return e.Presented > e.Current }
+
+// Is matches ErrRegistryBehind for a lost take (Lost) and
+// ErrOperatorSuperseded otherwise.
+func (e *OperatorFencedError) Is(target error) bool {
+	if e.Lost() {
+		return target == ErrRegistryBehind
+	}
+	return target == ErrOperatorSuperseded
+}
 
 // OperatorFenced finds an operator token refusal in err: an
 // *OperatorFencedError, or the registry's raw refusal (a write that
@@ -131,11 +145,16 @@ var (
 
 // takeOperatorTokenSQL raises the token. The UPDATE waits for every
 // transaction that checked the old token (they hold its row FOR SHARE), so
-// whatever they wrote is visible to the new leader's first read.
+// whatever they wrote is visible to the new leader's first read. While the
+// registry may have lost commits (registry_suspect: found behind, or a new
+// timeline), it raises the token by $3 more, past any take only the lost
+// primary had: that take's holder, paused, must not share the number.
 const takeOperatorTokenSQL = `
 	INSERT INTO shardkeeper.operator_tokens AS o (topology, epoch, holder, taken_at)
-	VALUES ($1, 1, $2, clock_timestamp())
-	ON CONFLICT (topology) DO UPDATE SET epoch = o.epoch + 1, holder = excluded.holder, taken_at = excluded.taken_at
+	VALUES ($1, 1 + CASE WHEN shardkeeper.registry_suspect($1) THEN $3::bigint ELSE 0 END, $2, clock_timestamp())
+	ON CONFLICT (topology) DO UPDATE
+	   SET epoch = o.epoch + 1 + CASE WHEN shardkeeper.registry_suspect($1) THEN $3::bigint ELSE 0 END,
+	       holder = excluded.holder, taken_at = excluded.taken_at
 	RETURNING epoch, taken_at`
 
 // TakeOperatorToken implements OperatorRegistry in one statement.
@@ -144,7 +163,7 @@ func (p *PG) TakeOperatorToken(ctx context.Context, topology, holder string) (Op
 		return OperatorToken{}, fmt.Errorf("take operator token: empty topology or holder: %w", ErrInvalid)
 	}
 	tok := OperatorToken{Topology: topology, Holder: holder}
-	if err := p.pool.QueryRow(ctx, takeOperatorTokenSQL, topology, holder).Scan(&tok.Epoch, &tok.TakenAt); err != nil {
+	if err := p.pool.QueryRow(ctx, takeOperatorTokenSQL, topology, holder, int64(DefaultRecoverMargin)).Scan(&tok.Epoch, &tok.TakenAt); err != nil {
 		return OperatorToken{}, fmt.Errorf("take operator token of %s: %w", topology, err)
 	}
 	return tok, nil
@@ -176,8 +195,16 @@ func (p *PG) OperatorToken(ctx context.Context, topology string) (OperatorToken,
 func (p *PG) AsOperator(tok OperatorToken) *PG {
 	c := *p
 	c.owned = false
-	c.op = &tok
+	c.op = &opBinding{}
+	c.op.tok.Store(&tok)
 	return &c
+}
+
+// opBinding is the token an operator handle presents. Recover moves it
+// (the recovering leader's token moves past every take a lost primary may
+// have made), and every copy of the handle presents the new one.
+type opBinding struct {
+	tok atomic.Pointer[OperatorToken]
 }
 
 // Operator returns the token p is bound to, if any.
@@ -185,7 +212,7 @@ func (p *PG) Operator() (OperatorToken, bool) {
 	if p.op == nil {
 		return OperatorToken{}, false
 	}
-	return *p.op, true
+	return *p.op.tok.Load(), true
 }
 
 // operatorFenceSQL marks the transaction as the operator's and checks its
@@ -209,10 +236,11 @@ func (p *PG) fenceQueue(b *pgx.Batch, topology string) {
 }
 
 func (p *PG) fenceEpoch(topology string) int64 {
-	if p.op.Topology != topology {
+	tok := p.op.tok.Load()
+	if tok.Topology != topology {
 		return -1
 	}
-	return p.op.Epoch
+	return tok.Epoch
 }
 
 // fenceErr turns the registry's refusal into an *OperatorFencedError for

@@ -106,7 +106,7 @@ type PG struct {
 	marks *seqMarks
 	// op is the operator token this handle writes under (AsOperator),
 	// nil for none.
-	op *OperatorToken
+	op *opBinding
 }
 
 var (

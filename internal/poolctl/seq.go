@@ -138,22 +138,28 @@ const checkSeqSQL = `
 		 WHERE r.topology = $1 AND r.seq < $2
 		RETURNING r.behind_reason)
 	SELECT coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(),
-	       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $2)
+	       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $2),
+	       coalesce((SELECT epoch FROM shardkeeper.operator_tokens WHERE topology = $1), 0)
 	  FROM (SELECT 1) one LEFT JOIN s ON true`
 
 // CheckSeq reads the registry's sequence of topology and refuses (a
 // *RegistryBehindError) when it is behind this client's mark, when its
-// timeline changed since the last write, or when it was found behind
-// before. The operator calls it every reconcile; workers have the same
-// check in every Renew.
+// timeline changed since the last write, when it was found behind before,
+// or, for a handle bound to an operator token, when the registry's latest
+// token is below it (the registry lost the take). The operator calls it
+// every reconcile; workers have the same check in every Renew.
 func (p *PG) CheckSeq(ctx context.Context, topology string) (int64, error) {
 	var (
-		seq, tl, seen int64
-		cur           *int64
-		reason        *string
+		seq, tl, seen, opEpoch int64
+		cur                    *int64
+		reason                 *string
 	)
-	if err := p.pool.QueryRow(ctx, checkSeqSQL, topology, p.marks.get(topology)).Scan(&seq, &tl, &cur, &reason, &seen); err != nil {
+	if err := p.pool.QueryRow(ctx, checkSeqSQL, topology, p.marks.get(topology)).Scan(&seq, &tl, &cur, &reason, &seen, &opEpoch); err != nil {
 		return 0, fmt.Errorf("check registry sequence of %s: %w", topology, err)
+	}
+	if p.op != nil && reason == nil && p.fenceEpoch(topology) > opEpoch {
+		lost := "the registry lost this operator's token take"
+		reason = &lost
 	}
 	if err := behindErr(topology, seq, tl, cur, reason, seen); err != nil {
 		return seq, err
@@ -192,6 +198,10 @@ type Recovered struct {
 	// far as any client reported: the highest sequence seen minus the
 	// registry's.
 	Lost int64
+	// OperatorToken is the token a handle bound to one now presents:
+	// Recover moved it past every take the lost primary may have made
+	// (zero for a handle without one).
+	OperatorToken OperatorToken
 }
 
 // lostOf is lostSQL as a subquery over $1 (topology) and $4 (the caller's
@@ -275,7 +285,7 @@ func (p *PG) Recover(ctx context.Context, topology string, seen RecoverFloor, ma
 	}
 	seenSeq := max(seen.Seq, p.marks.get(topology))
 	var out Recovered
-	err := p.opPipeline(ctx, topology, func(b *pgx.Batch) {
+	err := p.recoverPipeline(ctx, topology, margin, &out, func(b *pgx.Batch) {
 		b.Queue(lockTopologySQL, topology)
 		// The lost count is read under the topology lock in the same
 		// transaction; the statements below take it as a subquery.
@@ -314,5 +324,35 @@ func (p *PG) Recover(ctx context.Context, topology string, seen RecoverFloor, ma
 		return Recovered{}, fmt.Errorf("recover registry of %s: %w", topology, err)
 	}
 	p.marks.note(topology, out.Seq)
+	if out.OperatorToken.Epoch != 0 {
+		p.op.tok.Store(&out.OperatorToken)
+	}
 	return out, nil
+}
+
+// recoverFenceSQL is Recover's operator fence (migration 0010): it accepts
+// the handle's token when it is the latest or above it (a take only the
+// lost primary had), and moves the token past both, bound to its holder.
+const recoverFenceSQL = `SELECT shardkeeper.operator_recover_fence($1, $2, $3, $4), clock_timestamp()`
+
+// recoverPipeline is opPipeline for Recover. A handle bound to an operator
+// token presents it to recoverFenceSQL, and out.OperatorToken gets the
+// token the registry moved it to; a handle without one is checked as
+// opPipeline checks it.
+func (p *PG) recoverPipeline(ctx context.Context, topology string, margin int64, out *Recovered, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	if p.op == nil {
+		return p.opPipeline(ctx, topology, queue, read)
+	}
+	tok := *p.op.tok.Load()
+	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+		b.Queue(recoverFenceSQL, topology, p.fenceEpoch(topology), tok.Holder, margin)
+		queue(b)
+	}, func(br pgx.BatchResults) error {
+		out.OperatorToken = tok
+		if err := br.QueryRow().Scan(&out.OperatorToken.Epoch, &out.OperatorToken.TakenAt); err != nil {
+			return err
+		}
+		return read(br)
+	})
+	return fenceErr(topology, err)
 }
