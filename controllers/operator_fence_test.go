@@ -9,12 +9,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/controllers"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
@@ -160,4 +162,61 @@ func TestAResumedOldLeaderNeitherDeletesAPodNorUndoesTheNewLeadersDrain(t *testi
 	if err := k.Get(ctx, client.ObjectKeyFromObject(pod), got); err == nil && got.UID == pod.UID && got.DeletionTimestamp == nil {
 		t.Fatalf("pod ingest-0 still there after the current leader's delete")
 	}
+}
+
+// Issue 21: a superseded leader that sees the topology being deleted
+// writes nothing either: no deleting status, no registry rows removed, no
+// finalizer lifted. The leader that holds the token finishes the deletion.
+func TestASupersededLeaderLeavesADeletionToTheCurrentOne(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
+	f.withStatefulSet(1, "w")
+	f.create()
+	old := &controllers.ShardTopologyReconciler{Client: k, Recorder: events.NewFakeRecorder(10000),
+		Conns: &controllers.Connections{Identity: "operator-old"}, OnSuperseded: func(error) {}}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(f.topo)}
+	eventually(t, 60*time.Second, func() error {
+		_, rerr := old.Reconcile(ctx, req)
+		if s, err := f.reg.Snapshot(ctx, f.key()); err != nil || s.Active == nil {
+			return fmt.Errorf("no active epoch yet (%v; reconcile: %v; status %+v)", err, rerr, f.get().Status.Conditions)
+		}
+		return nil
+	})
+	if _, err := f.reg.TakeOperatorToken(ctx, f.key(), "operator-new"); err != nil {
+		t.Fatal(err)
+	}
+	// The old leader learns it was superseded on its next pass.
+	if _, err := old.Reconcile(ctx, req); !errors.Is(err, poolctl.ErrOperatorSuperseded) {
+		t.Fatalf("old leader's reconcile after the takeover returned %v, want a refusal", err)
+	}
+	if err := k.Delete(ctx, f.get()); err != nil {
+		t.Fatal(err)
+	}
+	deleting := f.get()
+	if deleting.DeletionTimestamp.IsZero() {
+		t.Fatal("setup: the topology is not being deleted")
+	}
+
+	_, err := old.Reconcile(ctx, req)
+	if !errors.Is(err, poolctl.ErrOperatorSuperseded) || !errors.Is(err, reconcile.TerminalError(nil)) {
+		t.Fatalf("old leader's reconcile of the deletion returned %v, want a terminal operator token refusal", err)
+	}
+	if after := f.get(); after.ResourceVersion != deleting.ResourceVersion {
+		t.Fatalf("the superseded leader wrote the deleting object (resourceVersion %s -> %s, finalizers %v)",
+			deleting.ResourceVersion, after.ResourceVersion, after.Finalizers)
+	}
+	if s, err := f.reg.Snapshot(ctx, f.key()); err != nil || s.Active == nil {
+		t.Fatalf("registry after the superseded leader's pass: %v (active %v), want the topology still there", err, s.Active)
+	}
+
+	leader := &controllers.ShardTopologyReconciler{Client: k, Recorder: events.NewFakeRecorder(10000),
+		Conns: &controllers.Connections{Identity: "operator-new"}}
+	eventually(t, 60*time.Second, func() error {
+		_, _ = leader.Reconcile(ctx, req)
+		got := &topologyv1.ShardTopology{}
+		if err := k.Get(ctx, req.NamespacedName, got); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("topology still there (%v, finalizers %v)", err, got.Finalizers)
+		}
+		return nil
+	})
 }

@@ -221,7 +221,14 @@ func (r *ShardTopologyReconciler) reconcileDelete(ctx context.Context, t *topolo
 		return ctrl.Result{}, nil
 	}
 	s := newScope(t, r.now())
+	if err := r.conns().supersededErr(s.key); err != nil {
+		// A newer leader owns the topology and finishes its deletion.
+		return ctrl.Result{}, ctrl.TerminalError(err)
+	}
 	res, result, err := r.finalize(ctx, s)
+	if err != nil && r.superseded(ctx, s, err) {
+		return ctrl.Result{}, ctrl.TerminalError(err)
+	}
 	if !res.done {
 		st := deletingStatus(s.topo, res.waiting, err, s.now)
 		if perr := r.patchStatus(ctx, s, func(*topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return st }); perr != nil && err == nil {
