@@ -63,8 +63,11 @@ sim: ## Run the member simulator over 100,000 seeds (SEEDS=n) and print seeds ru
 	go run ./pkg/worker/internal/sim/cmd/sim -seeds $${SEEDS:-100000}
 
 .PHONY: mutate
-mutate: ## Apply each protocol mutation and print the table: mutation, the simulator check that caught it, seeds it took (at most 10,000 each).
+mutate: ## Apply each protocol mutation and print the tables: mutation, the simulator check that caught it, seeds it took (at most 10,000 each); then the member's deterministic scripts that catch each (the simulator's known survivors included).
 	go run ./pkg/worker/internal/sim/cmd/sim -mutate
+	@out=$$(go test -count=1 -run 'TestEveryMutationIsCaughtByAScript$$' -v ./pkg/worker/internal/member/ 2>&1); rc=$$?; \
+	  printf '%s\n' "$$out" | sed -n '/script table:/,/^---\|^=== \|^PASS\|^FAIL/p' | sed '/^---\|^=== \|^PASS\|^FAIL/d; s/^ *//; /script table:/d'; \
+	  if [ $$rc -ne 0 ]; then printf '%s\n' "$$out" | grep -E 'FAIL|survived|caught by no' ; exit $$rc; fi
 
 .PHONY: mutate-real
 mutate-real: deps ## The real-parts half of make mutate (slow: not in make test or CI): each mutation applied to the real parts in turn, its chosen test run 3 times (RUNS=n); prints mutation, caught by, runs caught.

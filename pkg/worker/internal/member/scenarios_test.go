@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
@@ -648,7 +649,7 @@ func TestScriptedInterleavingsKeepTheRules(t *testing.T) {
 // Each mutation re-introduces a defect; the scenarios that name it must
 // then fail, or the rule is one nothing tests.
 func TestEveryMutationIsCaughtByAScript(t *testing.T) {
-	caught := map[Mutation]int{}
+	caught := map[Mutation][]string{}
 	for _, sc := range scenarios {
 		for _, m := range sc.breaks {
 			t.Run(string(m)+"/"+sc.name, func(t *testing.T) {
@@ -657,16 +658,27 @@ func TestEveryMutationIsCaughtByAScript(t *testing.T) {
 				if err == nil {
 					t.Fatalf("mutation %s survived", m)
 				}
-				caught[m]++
+				caught[m] = append(caught[m], sc.name)
 				t.Logf("caught: %v", firstLine(err))
 			})
 		}
 	}
+	// make mutate prints this table beside the simulator's: the scripts
+	// are deterministic, and they catch the mutations the simulator's
+	// model cannot reach (sim.Unreachable).
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "mutation\tcaught by the member's script")
 	for _, m := range Mutations() {
-		if caught[m] == 0 {
+		if len(caught[m]) == 0 {
 			t.Errorf("mutation %s is caught by no scenario", m)
+			fmt.Fprintf(w, "%s\tnot caught\n", m)
+			continue
 		}
+		fmt.Fprintf(w, "%s\t%s\n", m, strings.Join(caught[m], "; "))
 	}
+	_ = w.Flush()
+	t.Logf("script table:\n%s", b.String())
 }
 
 func TestMutateRefusesUnknownNames(t *testing.T) {

@@ -101,6 +101,7 @@ var Unreachable = map[string]string{
 		"scenario \"the member's own delayed join does not displace it\" catches it (TestEveryMutationIsCaughtByAScript)",
 	"freeze-ack-across-rejoin": "calls honour their query bound (as pgx does), so an acknowledgement's outcome reaches the core " +
 		"within the bound plus a posting delay, and a rejoin inside that window needs the lease to lapse between the " +
-		"acknowledgement's commit and a renewal's: not found in 10,000 seeds; pkg/worker's " +
-		"TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain holds the reply past the deadline on the real parts instead",
+		"acknowledgement's commit and a renewal's: not found in 10,000 seeds; member's scripted scenario \"a freeze " +
+		"acknowledgement counts only for its incarnation\" catches it (TestEveryMutationIsCaughtByAScript), and pkg/worker's " +
+		"TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain on the real parts, holding the reply past the deadline",
 }

@@ -63,7 +63,7 @@ func main() {
 		for _, r := range rows {
 			switch why, known := sim.Unreachable[r.Mutation]; {
 			case r.Seeds == 0 && known:
-				fmt.Printf("known survivor %s: %s\n", r.Mutation, why)
+				fmt.Printf("out of the simulator's reach, caught by the member's scripts (next table): %s: %s\n", r.Mutation, why)
 			case r.Seeds == 0:
 				fmt.Printf("FAIL: mutation %s survived %d seeds\n", r.Mutation, *budget)
 				failed = true
