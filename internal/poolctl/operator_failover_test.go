@@ -141,4 +141,24 @@ func TestALeaderWhoseTakeTheFailoverLostRecoversAndGoesOn(t *testing.T) {
 	}
 	wantFenced(t, "the leader before it", f.l1.SetDraining(ctx, f.topo, "a", false), f.t1.Epoch, cur.Epoch, "operator-1")
 	must(t, f.l2.SetDraining(ctx, f.topo, "a", false))
+
+	// A Recover whose reply was lost (a timeout after its commit) is
+	// confirmed, not guessed: a handle that did not see its answer, here
+	// another handle of the same holder still on the lost take, learns
+	// the token from the check every reconcile starts with.
+	unaware := f.pg.AsOperator(f.t2)
+	if _, err := unaware.CheckSeq(ctx, f.topo); err != nil {
+		t.Fatalf("CheckSeq after Recover: %v", err)
+	}
+	if got, _ := unaware.Operator(); got.Epoch != cur.Epoch {
+		t.Fatalf("a handle of the holder that recovered presents token %d after CheckSeq, want %d", got.Epoch, cur.Epoch)
+	}
+	must(t, unaware.SetDraining(ctx, f.topo, "a", true))
+	// A handle of another holder learns nothing from it.
+	if _, err := f.l1.CheckSeq(ctx, f.topo); err != nil {
+		t.Fatalf("CheckSeq of the earlier leader: %v", err)
+	}
+	if got, _ := f.l1.Operator(); got.Epoch != f.t1.Epoch {
+		t.Fatalf("the earlier leader's handle moved to token %d, want it left at %d", got.Epoch, f.t1.Epoch)
+	}
 }

@@ -139,8 +139,8 @@ const checkSeqSQL = `
 		RETURNING r.behind_reason)
 	SELECT coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(),
 	       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $2),
-	       coalesce((SELECT epoch FROM shardkeeper.operator_tokens WHERE topology = $1), 0)
-	  FROM (SELECT 1) one LEFT JOIN s ON true`
+	       coalesce(o.epoch, 0), coalesce(o.holder, '')
+	  FROM (SELECT 1) one LEFT JOIN s ON true LEFT JOIN shardkeeper.operator_tokens o ON o.topology = $1`
 
 // CheckSeq reads the registry's sequence of topology and refuses (a
 // *RegistryBehindError) when it is behind this client's mark, when its
@@ -148,18 +148,27 @@ const checkSeqSQL = `
 // or, for a handle bound to an operator token, when the registry's latest
 // token is below it (the registry lost the take). The operator calls it
 // every reconcile; workers have the same check in every Renew.
+//
+// A handle whose Recover failed with an unknown outcome (a timeout after
+// the commit) learns here whether it committed: a later token the registry
+// shows with this handle's holder (an identity no other process uses) is
+// the one that Recover took, and the handle presents it from then on.
 func (p *PG) CheckSeq(ctx context.Context, topology string) (int64, error) {
 	var (
 		seq, tl, seen, opEpoch int64
 		cur                    *int64
 		reason                 *string
+		opHolder               string
 	)
-	if err := p.pool.QueryRow(ctx, checkSeqSQL, topology, p.marks.get(topology)).Scan(&seq, &tl, &cur, &reason, &seen, &opEpoch); err != nil {
+	if err := p.pool.QueryRow(ctx, checkSeqSQL, topology, p.marks.get(topology)).Scan(&seq, &tl, &cur, &reason, &seen, &opEpoch, &opHolder); err != nil {
 		return 0, fmt.Errorf("check registry sequence of %s: %w", topology, err)
 	}
-	if p.op != nil && reason == nil && p.fenceEpoch(topology) > opEpoch {
-		lost := "the registry lost this operator's token take"
-		reason = &lost
+	if p.op != nil {
+		p.confirmRecoveredToken(topology, opEpoch, opHolder)
+		if reason == nil && p.fenceEpoch(topology) > opEpoch {
+			lost := "the registry lost this operator's token take"
+			reason = &lost
+		}
 	}
 	if err := behindErr(topology, seq, tl, cur, reason, seen); err != nil {
 		return seq, err
@@ -328,6 +337,19 @@ func (p *PG) Recover(ctx context.Context, topology string, seen RecoverFloor, ma
 		p.op.tok.Store(&out.OperatorToken)
 	}
 	return out, nil
+}
+
+// confirmRecoveredToken moves the handle to the registry's token of
+// topology when the registry shows it above the handle's, held by the
+// handle's own holder: a Recover of this handle committed though its reply
+// was lost.
+func (p *PG) confirmRecoveredToken(topology string, epoch int64, holder string) {
+	tok := *p.op.tok.Load()
+	if tok.Topology != topology || holder != tok.Holder || epoch <= tok.Epoch {
+		return
+	}
+	tok.Epoch = epoch
+	p.op.tok.Store(&tok)
 }
 
 // recoverFenceSQL is Recover's operator fence (migration 0010): it accepts
