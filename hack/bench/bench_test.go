@@ -51,3 +51,23 @@ func TestHistogramDeltaCountsOnlyTheWindow(t *testing.T) {
 		t.Fatalf("delta %+v", d)
 	}
 }
+
+func TestTheRatioIntervalNarrowsWithAgreeingRoundsAndIsGeometric(t *testing.T) {
+	if _, _, _, ok := ratioInterval([]float64{1}); ok {
+		t.Fatal("an interval from one round")
+	}
+	mean, lo, hi, ok := ratioInterval([]float64{0.5, 2})
+	if !ok || math.Abs(mean-1) > 1e-9 || lo >= 1 || hi <= 1 || math.Abs(lo*hi-1) > 1e-9 {
+		t.Fatalf("0.5 and 2: mean %v, interval [%v, %v]; want geometric mean 1, symmetric in log", mean, lo, hi)
+	}
+	wide := []float64{0.90, 1.00, 0.95}
+	_, lo1, hi1, _ := ratioInterval(wide)
+	tight := []float64{0.96, 0.97, 0.96, 0.97, 0.965, 0.965}
+	m2, lo2, hi2, _ := ratioInterval(tight)
+	if hi2-lo2 >= hi1-lo1 || !narrowEnough(m2, lo2, hi2) {
+		t.Fatalf("agreeing rounds [%v, %v] not narrower than scattered ones [%v, %v], or not within 3%%", lo2, hi2, lo1, hi1)
+	}
+	if m, lo, hi, _ := ratioInterval(wide); narrowEnough(m, lo, hi) {
+		t.Fatalf("0.90, 1.00, 0.95 judged narrow enough: [%v, %v]", lo, hi)
+	}
+}

@@ -5,7 +5,7 @@
 // that misses its goal says why, with the top of a CPU profile taken while
 // it ran. Nothing is hard-coded: every number printed was measured here.
 //
-//	go run ./hack/bench [-rows a,b,c,d,e] [-rounds 5] [-profiles DIR]
+//	go run ./hack/bench [-rows a,b,c,d,e] [-rounds 15] [-profiles DIR]
 //
 // `make bench` runs every row after building what they need.
 package main
@@ -43,10 +43,14 @@ var rows = []benchRow{
 func main() {
 	var o options
 	flag.StringVar(&o.rows, "rows", "a,b,c,d,e", "rows to run, comma separated")
-	flag.IntVar(&o.rounds, "rounds", 5, "alternating rounds of row c (median reported)")
+	flag.IntVar(&o.rounds, "rounds", len(t975)+1, "row c: at most this many alternating rounds (it stops earlier once the ratio's 95% interval is within +/-3%; at most 15)")
 	flag.StringVar(&o.profiles, "profiles", "", "directory for CPU profiles (default: a temporary directory, kept)")
 	flag.BoolVar(&o.verbose, "v", false, "log progress in detail")
 	flag.Parse()
+	if o.rounds < minRounds || o.rounds > len(t975)+1 {
+		fmt.Fprintf(os.Stderr, "bench: -rounds must be %d to %d, got %d\n", minRounds, len(t975)+1, o.rounds)
+		os.Exit(2)
+	}
 	// envtest logs through controller-runtime; without a logger it prints
 	// a stack trace instead.
 	log.SetLogger(logr.Discard())
