@@ -346,7 +346,9 @@ func startSDK(t *testing.T, f *fleettest.Fleet, member string, handler worker.Ha
 func startArmedSDK(t *testing.T, f *fleettest.Fleet, member string, handler worker.Handler, arm func(*faultyRegistry), tweak func(*worker.Options)) *sdkWorker {
 	t.Helper()
 	ctx := context.Background()
-	pg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.DSN, MaxConns: 8, SkipMigrate: true})
+	// ClientDSN, as a worker process gets: a test may give workers
+	// another route or role than its own.
+	pg, err := poolctl.Open(ctx, poolctl.Config{DSN: f.ClientDSN, MaxConns: 8, SkipMigrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
