@@ -20,6 +20,10 @@ import (
 const (
 	errCodeStreamNotFound   = 10059
 	errCodeConsumerNotFound = 10014
+	// errCodeMaxConsumers is "maximum consumers limit reached": on a
+	// stream's create or update, its max_consumers is above the account's
+	// JetStream consumer limit.
+	errCodeMaxConsumers = 10026
 )
 
 // provisionParallelism bounds how many consumers of one stream Provision
@@ -348,7 +352,7 @@ func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p int, rep *Repor
 	switch {
 	case api.IsNatsError(err, errCodeStreamNotFound):
 		if err := jsa.createStream(ctx, want); err != nil {
-			return nil, fmt.Errorf("create stream %s: %w", want.Name, err)
+			return nil, fmt.Errorf("create stream %s: %w%s", want.Name, err, maxConsumersHint(err, want))
 		}
 		rep.Created = append(rep.Created, streamObject(want.Name))
 		return nil, nil
@@ -362,10 +366,20 @@ func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p int, rep *Repor
 		return got.Metadata, nil
 	}
 	if err := jsa.updateStream(ctx, *next); err != nil {
-		return nil, fmt.Errorf("update stream %s: %w", want.Name, err)
+		return nil, fmt.Errorf("update stream %s: %w%s", want.Name, err, maxConsumersHint(err, want))
 	}
 	rep.Updated = append(rep.Updated, streamObject(want.Name))
 	return got.Metadata, nil
+}
+
+// maxConsumersHint says the way out when the server refused a stream's
+// max_consumers: the account's own JetStream consumer limit is lower.
+func maxConsumersHint(err error, want api.StreamConfig) string {
+	if !api.IsNatsError(err, errCodeMaxConsumers) {
+		return ""
+	}
+	return fmt.Sprintf(" (max_consumers %d is above the account's JetStream consumer limit: raise the account's limit to at least %d)",
+		want.MaxConsumers, want.MaxConsumers)
 }
 
 // withResume makes a unit consumer that a retired one preceded start where
