@@ -250,8 +250,9 @@ func (l Layout) ConsumerRef(u Unit) ConsumerRef {
 // StreamConfig is the configuration partition p's stream should have:
 // limits retention without any limit, so no row is dropped before its
 // unit's owner acknowledges it (streamDrift refuses an existing stream
-// whose settings could drop one), room for StreamMaxConsumers consumers,
-// per-message deletes denied, and the owner's mark. Fields the layout
+// whose settings could drop one), room for StreamMaxConsumers consumers
+// (Provision lowers it to the account's own consumer limit when that is
+// lower), per-message deletes denied, and the owner's mark. Fields the layout
 // does not name keep the server's defaults.
 func (l Layout) StreamConfig(p int) api.StreamConfig {
 	return api.StreamConfig{

@@ -148,3 +148,43 @@ func assertStreamsHoldEveryUnit(t *testing.T, jsa jsAPI, l Layout) {
 		}
 	}
 }
+
+// Where the account's own JetStream consumer limit is below
+// StreamMaxConsumers, the server refuses a stream whose max_consumers is
+// above it: Provision gives new streams the account's limit and raises an
+// unset one only that far, so such an account provisions as before.
+func TestProvisionKeepsMaxConsumersWithinTheAccountsLimit(t *testing.T) {
+	const accountLimit = 1500
+	c := natstest.StartClusterWith(t, 1, func(_ int, cfg *natstest.ServerConfig) {
+		cfg.AppJetStream = fmt.Sprintf("{ max_consumers: %d }", accountLimit)
+	})
+	nc := c.Connect(0)
+	jsa := jsAPI{nc}
+	l := testLayout(2, 4, 1)
+	// Partition 1's stream exists already, made without max_consumers.
+	old := l.StreamConfig(1)
+	old.MaxConsumers = -1
+	if err := jsa.createStream(testContext(t, 10*time.Second), old); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, err := Provision(testContext(t, time.Minute), nc, l)
+	if err != nil {
+		t.Fatalf("provision in an account limited to %d consumers: %v", accountLimit, err)
+	}
+	if len(rep.Findings) != 1 || rep.Findings[0].Field != "max_consumers" || rep.Findings[0].Want != fmt.Sprint(accountLimit) || !rep.Findings[0].Updated {
+		t.Fatalf("findings %v, want partition 1's max_consumers raised to %d", rep.Findings, accountLimit)
+	}
+	for p := range l.Partitions {
+		st, err := jsa.streamInfo(testContext(t, 10*time.Second), l.StreamName(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Config.MaxConsumers != accountLimit {
+			t.Fatalf("stream %s: max_consumers %d, want the account's %d", st.Config.Name, st.Config.MaxConsumers, accountLimit)
+		}
+	}
+	if again := mustProvision(t, nc, l); len(again.Findings)+len(again.Created)+len(again.Updated) != 0 {
+		t.Fatalf("second provision was not a no-op: %+v", again)
+	}
+}

@@ -103,12 +103,17 @@ func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 	if err := checkStreamOwners(ctx, nc, l); err != nil {
 		return rep, err
 	}
+	acct, err := jsAPI{nc}.accountInfo(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read the account's JetStream limits: %w", err)
+	}
+	maxc := streamMaxConsumers(acct, l.Replicas)
 	var foreign []ForeignObject
 	for p := range l.Partitions {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		f, err := provisionPartition(ctx, nc, l, p, rep)
+		f, err := provisionPartition(ctx, nc, l, p, maxc, rep)
 		foreign = append(foreign, f...)
 		if err != nil {
 			return rep, err
@@ -129,6 +134,23 @@ func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 		errs = append(errs, &UnsafeConfigError{Findings: refused})
 	}
 	return rep, errors.Join(errs...)
+}
+
+// streamMaxConsumers is the max_consumers Provision gives the streams:
+// StreamMaxConsumers, or the account's own consumer limit (its tier's,
+// for streams of replicas, when its limits are tiered) when that is lower.
+// The server refuses a stream whose max_consumers is above the account's
+// limit, and where the account sets one, 2.15's default of 1000 does not
+// apply, so the account's limit is the most the stream can hold anyway.
+func streamMaxConsumers(acct *api.JetStreamAccountStats, replicas int) int {
+	limit := acct.Limits.MaxConsumers
+	if t, ok := acct.Tiers[fmt.Sprintf("R%d", replicas)]; ok {
+		limit = t.Limits.MaxConsumers
+	}
+	if limit > 0 && limit < StreamMaxConsumers {
+		return limit
+	}
+	return StreamMaxConsumers
 }
 
 // checkStreamOwners refuses, before anything is written, a layout one of
@@ -230,13 +252,13 @@ func inventory(ctx context.Context, nc *nats.Conn, l Layout, from int) (inventor
 	return out, nil
 }
 
-// provisionPartition provisions partition p's stream and unit consumers
-// and returns the consumers it left alone because another topology owns
-// them.
-func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep *Report) ([]ForeignObject, error) {
+// provisionPartition provisions partition p's stream (with max_consumers
+// maxc) and unit consumers and returns the consumers it left alone because
+// another topology owns them.
+func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p, maxc int, rep *Report) ([]ForeignObject, error) {
 	jsa := jsAPI{nc}
 	name := l.StreamName(p)
-	meta, err := provisionStream(ctx, jsa, l, p, rep)
+	meta, err := provisionStream(ctx, jsa, l, p, maxc, rep)
 	if err != nil {
 		return nil, err
 	}
@@ -344,10 +366,12 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 	return foreign, nil
 }
 
-// provisionStream creates or corrects partition p's stream and returns
-// its metadata (where retired unit consumers would resume).
-func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p int, rep *Report) (map[string]string, error) {
+// provisionStream creates or corrects partition p's stream, with
+// max_consumers maxc, and returns its metadata (where retired unit
+// consumers would resume).
+func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p, maxc int, rep *Report) (map[string]string, error) {
 	want := l.StreamConfig(p)
+	want.MaxConsumers = maxc
 	stream, err := jsa.streamInfo(ctx, want.Name)
 	switch {
 	case api.IsNatsError(err, errCodeStreamNotFound):
