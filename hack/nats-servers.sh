@@ -3,7 +3,7 @@
 # run as separate processes, one folder per version, and prints the path of
 # each binary, one a line, in the order of the versions asked for.
 #
-#   hack/nats-servers.sh [version ...]     (default: v2.14.9 v2.12.15)
+#   hack/nats-servers.sh [version ...]     (default: v2.15.2 v2.14.9 v2.12.15)
 #
 # Binaries are cached outside the clone, keyed by version, so
 # later runs and fresh clones reuse them:
@@ -13,7 +13,7 @@
 set -euo pipefail
 
 versions=("$@")
-[[ ${#versions[@]} -gt 0 ]] || versions=(v2.14.9 v2.12.15)
+[[ ${#versions[@]} -gt 0 ]] || versions=(v2.15.2 v2.14.9 v2.12.15)
 cache="${SHARDKEEPER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardkeeper}"
 mkdir -p "$cache/nats-server"
 # Test packages run in parallel and may all ask at once: build each version

@@ -15,9 +15,10 @@ import (
 // Row d: a census of a 3-server cluster holding 64, 1024 and 4096 unit
 // consumers. One layout grows (16 partitions x 4, 64, 256 shards), so at
 // each size the account holds exactly the consumers the census inspects,
-// as a real fleet's would. (Not 4 x 1024: nats-server 2.15 refuses a
-// stream's 1001st consumer unless the stream sets max_consumers, and the
-// layout leaves it unlimited, which 2.15 counts as unset.) The baseline, taken alternately with the
+// as a real fleet's would. (16 x 256 rather than 4 x 1024 because the
+// layout left max_consumers unlimited when this row was built, which
+// nats-server 2.15 counts as unset and then refuses a stream's 1001st
+// consumer; streams now set it.) The baseline, taken alternately with the
 // censuses of each size, is a census that inspects no consumer: the two
 // system pings every census needs.
 

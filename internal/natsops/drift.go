@@ -121,6 +121,11 @@ func streamDrift(want, got api.StreamConfig, ownsTransform bool) ([]Finding, *ap
 		}
 	}
 	fs = append(fs, streamLimits(obj, got)...)
+	if f, ok := maxConsumersDrift(obj, want.MaxConsumers, got.MaxConsumers); ok {
+		next.MaxConsumers = want.MaxConsumers
+		changed = true
+		fs = append(fs, f)
+	}
 	if want.DenyDelete && !got.DenyDelete {
 		// Safe: nothing of shardkeeper deletes single rows, and the
 		// server lets deny_delete be set (never cleared) on a live
@@ -138,6 +143,25 @@ func streamDrift(want, got api.StreamConfig, ownsTransform bool) ([]Finding, *ap
 		return fs, nil
 	}
 	return fs, &next
+}
+
+// maxConsumersDrift reports a stream whose max_consumers is unset or below
+// want, and says it is to be raised. Unset (-1, or 0 as older streams may
+// say) is drift even where it works: nats-server 2.15 counts it as unset
+// and refuses the stream's 1001st consumer, so the stream would stop V
+// above 1000 the day its servers move to 2.15. Raising it is safe (it
+// changes no row the stream holds) and the servers take it on a live
+// stream (2.14 and 2.15 alike: their TestJetStreamClusterStreamUpdate-
+// MaxConsumersLimit); a limit above want is someone's choice and left.
+func maxConsumersDrift(obj string, want, got int) (Finding, bool) {
+	if got > 0 && got >= want {
+		return Finding{}, false
+	}
+	g := fmt.Sprint(got)
+	if got <= 0 {
+		g += " (unset: nats-server 2.15 then refuses the stream's 1001st consumer)"
+	}
+	return Finding{Object: obj, Field: "max_consumers", Want: fmt.Sprint(want), Got: g, Updated: true}, true
 }
 
 // streamLimits reports every setting of got that can drop a stored row

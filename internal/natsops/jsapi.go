@@ -140,6 +140,18 @@ func nextPage(offset, got int, page api.JSApiIterableResponse) (int, bool) {
 	return next, true
 }
 
+// accountInfo reads the account's JetStream usage and limits.
+func (j jsAPI) accountInfo(ctx context.Context) (*api.JetStreamAccountStats, error) {
+	var resp api.JSApiAccountInfoResponse
+	if err := j.do(ctx, api.JSApiAccountInfo, nil, &resp); err != nil {
+		return nil, err
+	}
+	if resp.JetStreamAccountStats == nil {
+		return nil, fmt.Errorf("the server's account info reply has no account")
+	}
+	return resp.JetStreamAccountStats, nil
+}
+
 // streamInfo reads a stream's configuration and state.
 func (j jsAPI) streamInfo(ctx context.Context, name string) (*api.StreamInfo, error) {
 	return j.streamInfoWith(ctx, name, nil)

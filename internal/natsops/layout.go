@@ -103,6 +103,20 @@ var (
 	consumerRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$`)
 )
 
+// MaxShards is the largest V (and TransformShards) the ShardTopology API
+// and Validate allow.
+const MaxShards = 1024
+
+// StreamMaxConsumers is every partition stream's max_consumers. It must be
+// set: nats-server 2.15 counts -1 (unlimited) as unset and then refuses a
+// stream's 1001st consumer (its default_max_consumers, 1000), so V above
+// 1000 could not be provisioned. Unit consumers are named by shard, so a
+// stream never holds more than MaxShards of them, whatever shapes it went
+// through (a transform's kept orphans included); twice that leaves room
+// for StrandedRows' probe consumer and consumers people add (a tail, a
+// debugging reader), so no V the API allows ever needs it raised.
+const StreamMaxConsumers = 2 * MaxShards
+
 // ErrBadLayout means a layout cannot be provisioned as given.
 var ErrBadLayout = errors.New("bad layout")
 
@@ -118,10 +132,10 @@ func (l Layout) Validate() error {
 	if !consumerRE.MatchString(l.ConsumerName) {
 		bad("consumer name %q must match %s", l.ConsumerName, consumerRE)
 	}
-	if l.Partitions < 1 || l.Partitions > 1024 || l.Shards < 1 || l.Shards > 1024 || l.Partitions*l.Shards > 65536 {
+	if l.Partitions < 1 || l.Partitions > 1024 || l.Shards < 1 || l.Shards > MaxShards || l.Partitions*l.Shards > 65536 {
 		bad("%d partitions x %d shards: each must be 1..1024, at most 65536 units", l.Partitions, l.Shards)
 	}
-	if l.TransformShards < 0 || l.TransformShards > 1024 {
+	if l.TransformShards < 0 || l.TransformShards > MaxShards {
 		bad("transform shards %d must be 0 (the shard count) or 1..1024", l.TransformShards)
 	}
 	if l.Replicas < 1 || l.Replicas > 5 {
@@ -236,9 +250,10 @@ func (l Layout) ConsumerRef(u Unit) ConsumerRef {
 // StreamConfig is the configuration partition p's stream should have:
 // limits retention without any limit, so no row is dropped before its
 // unit's owner acknowledges it (streamDrift refuses an existing stream
-// whose settings could drop one), per-message deletes denied, and the
-// owner's mark. Fields the layout does not name keep the server's
-// defaults.
+// whose settings could drop one), room for StreamMaxConsumers consumers
+// (Provision lowers it to the account's own consumer limit when that is
+// lower), per-message deletes denied, and the owner's mark. Fields the layout
+// does not name keep the server's defaults.
 func (l Layout) StreamConfig(p int) api.StreamConfig {
 	return api.StreamConfig{
 		Name:             l.StreamName(p),
@@ -252,7 +267,7 @@ func (l Layout) StreamConfig(p int) api.StreamConfig {
 		MaxBytes:         -1,
 		MaxMsgsPer:       -1,
 		MaxMsgSize:       -1,
-		MaxConsumers:     -1,
+		MaxConsumers:     StreamMaxConsumers,
 		DenyDelete:       true,
 		Metadata:         withOwner(nil, l.Owner),
 	}

@@ -20,6 +20,10 @@ import (
 const (
 	errCodeStreamNotFound   = 10059
 	errCodeConsumerNotFound = 10014
+	// errCodeMaxConsumers is "maximum consumers limit reached": on a
+	// stream's create or update, its max_consumers is above the account's
+	// JetStream consumer limit.
+	errCodeMaxConsumers = 10026
 )
 
 // provisionParallelism bounds how many consumers of one stream Provision
@@ -99,12 +103,17 @@ func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 	if err := checkStreamOwners(ctx, nc, l); err != nil {
 		return rep, err
 	}
+	acct, err := jsAPI{nc}.accountInfo(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read the account's JetStream limits: %w", err)
+	}
+	maxc := streamMaxConsumers(acct, l.Replicas)
 	var foreign []ForeignObject
 	for p := range l.Partitions {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		f, err := provisionPartition(ctx, nc, l, p, rep)
+		f, err := provisionPartition(ctx, nc, l, p, maxc, rep)
 		foreign = append(foreign, f...)
 		if err != nil {
 			return rep, err
@@ -125,6 +134,23 @@ func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 		errs = append(errs, &UnsafeConfigError{Findings: refused})
 	}
 	return rep, errors.Join(errs...)
+}
+
+// streamMaxConsumers is the max_consumers Provision gives the streams:
+// StreamMaxConsumers, or the account's own consumer limit (its tier's,
+// for streams of replicas, when its limits are tiered) when that is lower.
+// The server refuses a stream whose max_consumers is above the account's
+// limit, and where the account sets one, 2.15's default of 1000 does not
+// apply, so the account's limit is the most the stream can hold anyway.
+func streamMaxConsumers(acct *api.JetStreamAccountStats, replicas int) int {
+	limit := acct.Limits.MaxConsumers
+	if t, ok := acct.Tiers[fmt.Sprintf("R%d", replicas)]; ok {
+		limit = t.Limits.MaxConsumers
+	}
+	if limit > 0 && limit < StreamMaxConsumers {
+		return limit
+	}
+	return StreamMaxConsumers
 }
 
 // checkStreamOwners refuses, before anything is written, a layout one of
@@ -226,13 +252,13 @@ func inventory(ctx context.Context, nc *nats.Conn, l Layout, from int) (inventor
 	return out, nil
 }
 
-// provisionPartition provisions partition p's stream and unit consumers
-// and returns the consumers it left alone because another topology owns
-// them.
-func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep *Report) ([]ForeignObject, error) {
+// provisionPartition provisions partition p's stream (with max_consumers
+// maxc) and unit consumers and returns the consumers it left alone because
+// another topology owns them.
+func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p, maxc int, rep *Report) ([]ForeignObject, error) {
 	jsa := jsAPI{nc}
 	name := l.StreamName(p)
-	meta, err := provisionStream(ctx, jsa, l, p, rep)
+	meta, err := provisionStream(ctx, jsa, l, p, maxc, rep)
 	if err != nil {
 		return nil, err
 	}
@@ -340,15 +366,17 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p int, rep
 	return foreign, nil
 }
 
-// provisionStream creates or corrects partition p's stream and returns
-// its metadata (where retired unit consumers would resume).
-func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p int, rep *Report) (map[string]string, error) {
+// provisionStream creates or corrects partition p's stream, with
+// max_consumers maxc, and returns its metadata (where retired unit
+// consumers would resume).
+func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p, maxc int, rep *Report) (map[string]string, error) {
 	want := l.StreamConfig(p)
+	want.MaxConsumers = maxc
 	stream, err := jsa.streamInfo(ctx, want.Name)
 	switch {
 	case api.IsNatsError(err, errCodeStreamNotFound):
 		if err := jsa.createStream(ctx, want); err != nil {
-			return nil, fmt.Errorf("create stream %s: %w", want.Name, err)
+			return nil, fmt.Errorf("create stream %s: %w%s", want.Name, err, maxConsumersHint(err, want))
 		}
 		rep.Created = append(rep.Created, streamObject(want.Name))
 		return nil, nil
@@ -362,10 +390,20 @@ func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p int, rep *Repor
 		return got.Metadata, nil
 	}
 	if err := jsa.updateStream(ctx, *next); err != nil {
-		return nil, fmt.Errorf("update stream %s: %w", want.Name, err)
+		return nil, fmt.Errorf("update stream %s: %w%s", want.Name, err, maxConsumersHint(err, want))
 	}
 	rep.Updated = append(rep.Updated, streamObject(want.Name))
 	return got.Metadata, nil
+}
+
+// maxConsumersHint says the way out when the server refused a stream's
+// max_consumers: the account's own JetStream consumer limit is lower.
+func maxConsumersHint(err error, want api.StreamConfig) string {
+	if !api.IsNatsError(err, errCodeMaxConsumers) {
+		return ""
+	}
+	return fmt.Sprintf(" (max_consumers %d is above the account's JetStream consumer limit: raise the account's limit to at least %d)",
+		want.MaxConsumers, want.MaxConsumers)
 }
 
 // withResume makes a unit consumer that a retired one preceded start where

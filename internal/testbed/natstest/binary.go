@@ -15,10 +15,13 @@ import (
 
 // Versions of nats-server the mixed-version tests run as separate
 // processes. There is no 2.13 release: a real mixed cluster is 2.12 with
-// 2.14.
+// 2.14. 2.15 is the first to cap a stream's consumers by default
+// (default_max_consumers, 1000, when neither the stream nor the account
+// sets a limit); the embedded servers of StartCluster are 2.15 too (go.mod).
 const (
 	Version212 = "v2.12.15"
 	Version214 = "v2.14.9"
+	Version215 = "v2.15.2"
 )
 
 var binaryMu sync.Mutex

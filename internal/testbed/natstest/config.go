@@ -28,6 +28,10 @@ type ServerConfig struct {
 	Routes      []int // cluster ports of the peers
 	// Extra is appended verbatim (limits, tags).
 	Extra string
+	// AppJetStream is the APP account's jetstream setting: empty means
+	// "enabled" (no account limits); a block such as
+	// "{ max_consumers: 1500 }" sets the account's limits.
+	AppJetStream string
 
 	// Domain is the JetStream domain; servers on both ends of a leafnode
 	// connection need different domains to keep their JetStream apart.
@@ -76,12 +80,16 @@ func (c ServerConfig) Render() string {
 		}
 		b.WriteString("]\n}\n")
 	}
+	appJS := c.AppJetStream
+	if appJS == "" {
+		appJS = "enabled"
+	}
 	fmt.Fprintf(&b, `accounts {
-  %s { jetstream: enabled, users: [ { user: %q, password: %q } ] }
+  %s { jetstream: %s, users: [ { user: %q, password: %q } ] }
   %s { users: [ { user: %q, password: %q } ] }
 }
 system_account: %s
-`, AppAccount, AppUser, AppPassword, SysAccount, SysUser, SysPassword, SysAccount)
+`, AppAccount, appJS, AppUser, AppPassword, SysAccount, SysUser, SysPassword, SysAccount)
 	c.renderLeafnodes(&b)
 	b.WriteString(c.Extra)
 	return b.String()
