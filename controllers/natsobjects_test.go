@@ -399,9 +399,14 @@ func TestStrandedRowsShowInStatusAndMetric(t *testing.T) {
 	if w := st.Status.StrandedRows.Where; len(w) != 1 || !strings.Contains(w[0], "subject shardkeeper.ingest.0.1") {
 		t.Fatalf("status.strandedRows.where %v does not name the subject", w)
 	}
-	if v, ok := metricValue(t, "shardkeeper_topology_stranded_rows", map[string]string{"namespace": f.ns, "name": "ingest"}); !ok || v != 3 {
-		t.Fatalf("shardkeeper_topology_stranded_rows = %v (present %t), want 3", v, ok)
-	}
+	// The metric follows the status written, after the patch returns (and
+	// its Events are sent): polled, not read once the status shows.
+	eventually(t, 30*time.Second, func() error {
+		if v, ok := metricValue(t, "shardkeeper_topology_stranded_rows", map[string]string{"namespace": f.ns, "name": "ingest"}); !ok || v != 3 {
+			return fmt.Errorf("shardkeeper_topology_stranded_rows = %v (present %t), want 3", v, ok)
+		}
+		return nil
+	})
 	waitEvent(t, f.ns, "RowsStranded", "3 rows")
 }
 
