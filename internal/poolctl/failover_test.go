@@ -25,14 +25,8 @@ import (
 func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	primary := pgtest.New(t)
-	primaryAddr := fmt.Sprintf("127.0.0.1:%d", primary.Port)
-	wal := faultproxy.New(t, primaryAddr)
-	standby := primary.NewStandby(t, wal.Addr())
+	primary, standby, wal, front, dsn := laggablePair(t)
 	standbyAddr := fmt.Sprintf("127.0.0.1:%d", standby.Port)
-
-	dsn := primary.NewTestDatabase(t)
-	front := faultproxy.New(t, primaryAddr)
 	pg, err := Open(ctx, Config{DSN: viaAddr(t, dsn, front.Addr()), MaxConns: 4})
 	must(t, err)
 	defer pg.Close()
@@ -203,6 +197,21 @@ func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 	if e2 <= maxEpoch {
 		t.Fatalf("epoch %d created after recovery; %d was activated before the failover", e2, maxEpoch)
 	}
+}
+
+// laggablePair starts a primary and an asynchronous streaming standby fed
+// through wal (hold it to make the standby lag), a test database, and the
+// proxy the clients reach the primary through (front: retarget it at the
+// standby after a promotion).
+func laggablePair(t *testing.T) (primary, standby *pgtest.Server, wal, front *faultproxy.Proxy, dsn string) {
+	t.Helper()
+	primary = pgtest.New(t)
+	primaryAddr := fmt.Sprintf("127.0.0.1:%d", primary.Port)
+	wal = faultproxy.New(t, primaryAddr)
+	standby = primary.NewStandby(t, wal.Addr())
+	dsn = primary.NewTestDatabase(t)
+	front = faultproxy.New(t, primaryAddr)
+	return primary, standby, wal, front, dsn
 }
 
 // testShiftPast moves the registry's clock (the test hook) by d, so the

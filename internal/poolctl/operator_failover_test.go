@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/shardkeeper/shardkeeper/internal/testbed/faultproxy"
-	"github.com/shardkeeper/shardkeeper/internal/testbed/pgtest"
 )
 
 // lostTake is a registry failed over to a standby that never received the
@@ -23,13 +20,8 @@ type lostTake struct {
 
 func failOverLosingATake(ctx context.Context, t *testing.T) lostTake {
 	t.Helper()
-	primary := pgtest.New(t)
-	primaryAddr := fmt.Sprintf("127.0.0.1:%d", primary.Port)
-	wal := faultproxy.New(t, primaryAddr)
-	standby := primary.NewStandby(t, wal.Addr())
+	primary, standby, wal, front, dsn := laggablePair(t)
 	standbyAddr := fmt.Sprintf("127.0.0.1:%d", standby.Port)
-	dsn := primary.NewTestDatabase(t)
-	front := faultproxy.New(t, primaryAddr)
 	pg, err := Open(ctx, Config{DSN: viaAddr(t, dsn, front.Addr()), MaxConns: 4})
 	must(t, err)
 	t.Cleanup(pg.Close)
