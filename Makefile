@@ -76,11 +76,11 @@ mutate-real: deps ## The real-parts half of make mutate (slow: not in make test 
 .PHONY: bench
 bench: deps ## Run the benchmarks of design.md section 10 (hack/bench) and print every row with its ratio; ROWS=a,c picks rows.
 	hack/nats-servers.sh v2.14.9 >/dev/null
-	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./hack/bench -rows "$${ROWS:-a,b,c,d,e}"
+	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./hack/bench -rows "$${ROWS:-a,b,c,d,d2,e,e2}"
 
 .PHONY: demo
 demo: deps ## Run the demo: a local control plane, the operator and the sample.
-	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./cmd/shardkeeper-demo
+	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" go run ./cmd/shardkeeper-demo $(DEMO_ARGS)
 
 ##@ Shipping
 

@@ -215,8 +215,8 @@ func TestActivityReportsDriveStalledAndMultiplyOwnedUnits(t *testing.T) {
 	a.set(poolctl.UnitActivity{Unit: "0.0", Epoch: ta.Epoch, SinceFetch: time.Minute, SinceRows: time.Minute})
 	st = f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
 		c := findCondition(o, topologyv1.ConditionReady)
-		if c == nil || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.0 (a: no pull completed for 1m0s") {
-			return errors.New("want Ready=False naming 0.0 with no pull completed")
+		if c == nil || c.Reason != topologyv1.ReasonUnitsStalled || !strings.Contains(c.Message, "0.0 (a: no pull progress for 1m0s") {
+			return errors.New("want Ready=False naming 0.0 with no pull progress")
 		}
 		return nil
 	})

@@ -110,9 +110,13 @@ func (r *ShardTopologyReconciler) census(ctx context.Context, s *scope) *censusR
 	}
 	cctx, cancel := context.WithTimeout(ctx, censusTimeout)
 	defer cancel()
+	// The unit consumers are listed per stream through the topology's own
+	// connection, so a census reads this topology's consumers only, not
+	// every consumer of the NATS cluster (issue 23).
 	c, err := natsops.TakeCensus(cctx, s.sys, natsops.CensusOptions{
 		Floor:     s.topo.Spec.NATS.VersionFloorOrDefault(),
 		Consumers: s.censusConsumers(),
+		JetStream: s.nc,
 	})
 	if err != nil {
 		msg := err.Error()

@@ -28,9 +28,11 @@ import (
 //     rule, any two pulls within flowWindow, counted every handover of a
 //     pod roll);
 //   - an owned unit is stalled when its owner's report for it is missing
-//     or stale, when the owner reports freshly that its last completed
-//     pull is older than stallBound (NATS unreachable, a consumer gone: a
-//     worker that cannot pull still renews its lease and reports), or
+//     or stale, when the owner reports freshly that its pulls made no
+//     progress (none completed, no row of one handled: a slow handler
+//     is progress) for stallBound (NATS unreachable, a consumer gone, a
+//     handler stuck on a row: a worker that cannot pull still renews
+//     its lease and reports), or
 //     when a census saw rows pending in its consumer and the
 //     owner's latest report, made at least stallBound after that census,
 //     says it received no row since the census. The census judged is the
@@ -147,7 +149,7 @@ func assessFlow(snap *poolctl.Snapshot, claims map[string]poolctl.ClaimInfo, rep
 			// cannot pull (every NATS server down, its consumer gone).
 			// A unit never pulled yet is left to the other checks: a new
 			// owner reports before its first pull completes.
-			why = fmt.Sprintf("no pull completed for %s", r.ReportedAt.Sub(r.LastFetch).Round(time.Second))
+			why = fmt.Sprintf("no pull progress for %s", r.ReportedAt.Sub(r.LastFetch).Round(time.Second))
 		default:
 			c := censusBefore(pending, r.ReportedAt.Add(-bound))
 			if n := pendingAt(c, unit); n > 0 && (r.LastRows.IsZero() || r.LastRows.Before(c.at.Add(-clockSlack))) {

@@ -81,7 +81,7 @@ func TestAssessFlow(t *testing.T) {
 		{"nothing pending and no row ever: idle, not stalled", flowing, []pendingRows{{at: census, units: map[string]uint64{}}}, 0, nil},
 		{"the owner reports freshly but completed no pull for longer than the bound (NATS down): stalled",
 			[]poolctl.ActivityReport{report("0.0", "w-0", 1, 0, 10*time.Second, 10*time.Second), flowing[1]}, nil, 0,
-			[]string{"0.0 (w-0: no pull completed for 10s"}},
+			[]string{"0.0 (w-0: no pull progress for 10s"}},
 		{"the owner's last pull is within the bound: flowing",
 			[]poolctl.ActivityReport{report("0.0", "w-0", 1, 0, 8*time.Second, never), flowing[1]}, nil, 0, nil},
 		{"the owner never pulled yet (just claimed): not judged by its pulls",

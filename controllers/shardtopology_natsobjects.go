@@ -47,6 +47,10 @@ func (s *scope) natsRefusal(err error) error {
 			Detail: fmt.Sprintf("%v. Streams and consumers are marked with their topology (metadata %s); give this topology a subject prefix of its own (delete and create it again: the prefix is immutable), or delete the topology that owns them",
 				owned, natsops.OwnerKey),
 			Poll: pollIdle}
+	case errors.Is(err, natsops.ErrSwitchNeedsSystem):
+		s.stall = &StallError{Reason: topologyv1.ReasonInvalidSpec, Field: "spec.nats.systemCredentialsSecretRef",
+			Detail: err.Error() + ": under shardAssignment SubjectTransform with nats.replicas above 1, a change of shardsPerPartition pauses each stream's input while every replica takes the new transform, and only the system account can see each replica",
+			Poll:   pollIdle}
 	case errors.As(err, &unsafe):
 		s.stall = &StallError{Reason: topologyv1.ReasonUnsafeNATSConfig, Field: "NATS objects of spec.nats",
 			Detail: unsafe.Error() + ". Fix the objects by hand (these fields cannot be changed safely by the operator); the operator looks again every " + pollIdle.String(),

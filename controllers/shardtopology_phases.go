@@ -98,6 +98,10 @@ type scope struct {
 	retiringLeft []ownership.Unit
 	// stranded is the count of stranded rows taken this reconcile.
 	stranded *topologyv1.StrandedRowsStatus
+	// barrier is the registry's latest order barrier (nil: none), and
+	// barrierRep what this reconcile read of its old units in NATS.
+	barrier    *poolctl.OrderBarrier
+	barrierRep *barrierReport
 }
 
 func newScope(t *topologyv1.ShardTopology, now time.Time) *scope {
@@ -141,6 +145,7 @@ func (s *scope) observation(err error) observation {
 		o.err = err
 	}
 	o.durability = s.durability
+	o.barrier = orderBarrierStatus(s.activeBarrier(), s.barrierRep)
 	if s.snap != nil {
 		o.registry = &registryView{snap: *s.snap, claims: s.claims, activity: s.activity, pending: s.pending}
 	}
@@ -182,6 +187,7 @@ var reconcileSteps = []step{
 	{"Census", takeCensus},
 	{"ObservePods", observePods},
 	{"RollOutTopology", rollOutTopology},
+	{"OrderBarrier", orderBarrier},
 	{"RollPods", rollPods},
 	{"PublishRetiring", publishRetiring},
 	{"PruneHistory", pruneHistory},
@@ -450,6 +456,9 @@ func (s *scope) readRegistry(ctx context.Context) error {
 	}
 	s.activity = obs.Activity
 	s.changed = false
+	if err := s.readBarrier(ctx); err != nil {
+		return fmt.Errorf("read registry: %w", err)
+	}
 	return nil
 }
 

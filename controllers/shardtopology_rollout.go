@@ -82,6 +82,14 @@ type changeWorld struct {
 	// nextEpoch is the number the registry gives the next epoch (after
 	// every epoch it wrote); 0 when not read.
 	nextEpoch int64
+	// barrier: the active epoch's order barrier still holds moved keys.
+	barrier bool
+	// unbarriered: the pending epoch's change keeps per-key order, but
+	// the epoch was written without its barrier (before PerKey was set,
+	// or by an operator that wrote barriers at activation): members may
+	// have acknowledged its freeze without it, so it is retired and
+	// written again with one.
+	unbarriered bool
 }
 
 // state derives the change state from the world.
@@ -143,12 +151,14 @@ type changeAction struct {
 }
 
 var (
-	always      = func(*changeWorld) bool { return true }
-	isPaused    = func(w *changeWorld) bool { return w.paused }
-	isAborted   = func(w *changeWorld) bool { return w.abort }
-	notAllAcked = func(w *changeWorld) bool { return len(w.missingAcks()) > 0 }
-	podsRolling = func(w *changeWorld) bool { return len(w.podsInFlight) > 0 }
-	staleOK     = func(w *changeWorld) bool { return w.approval == approvalStale }
+	always       = func(*changeWorld) bool { return true }
+	isPaused     = func(w *changeWorld) bool { return w.paused }
+	isAborted    = func(w *changeWorld) bool { return w.abort }
+	notAllAcked  = func(w *changeWorld) bool { return len(w.missingAcks()) > 0 }
+	podsRolling  = func(w *changeWorld) bool { return len(w.podsInFlight) > 0 }
+	barrierUp    = func(w *changeWorld) bool { return w.barrier }
+	lacksBarrier = func(w *changeWorld) bool { return w.unbarriered }
+	staleOK      = func(w *changeWorld) bool { return w.approval == approvalStale }
 )
 
 // changeRules is the topology change as data; the first row whose state
@@ -168,6 +178,8 @@ var (
 //	Proposed       -                                  publish, wait    Approve
 //	ChangeWanted   abort annotation                   hold (stalled)   Abort
 //	ChangeWanted   a pod roll is in flight            wait (1s)        Provision
+//	ChangeWanted   the last change's order barrier    wait (1s)        Provision
+//	               holds moved keys
 //	ChangeWanted   paused                             hold             Provision
 //	ChangeWanted   -                                  start epoch      Provision -> Freeze
 //	Claiming       -                                  wait (1s)        Claim
@@ -193,6 +205,7 @@ var changeRules = []changeRule{
 	{stateUnprovisioned, "paused", isPaused, actHold(topologyv1.StepProvision)},
 	{stateUnprovisioned, "", always, actStartEpoch},
 	{stateStalePending, "", always, actRetirePending},
+	{stateFreezing, "an ordered change's pending epoch has no order barrier", lacksBarrier, actRetirePending},
 	{stateFreezing, "a live member has not acknowledged the freeze", notAllAcked, actWaitForAcks},
 	{stateFreezing, "", always, actActivate},
 	{stateProposed, "abort annotation set", isAborted, actHoldAborted},
@@ -200,6 +213,7 @@ var changeRules = []changeRule{
 	{stateProposed, "", always, actPropose},
 	{stateChangeWanted, "abort annotation set", isAborted, actHoldAborted},
 	{stateChangeWanted, "a pod roll is in flight", podsRolling, actWaitForPods},
+	{stateChangeWanted, "the last change's order barrier holds moved keys", barrierUp, actWaitForBarrier},
 	{stateChangeWanted, "paused", isPaused, actHold(topologyv1.StepProvision)},
 	{stateChangeWanted, "", always, actStartEpoch},
 	{stateClaiming, "", always, actWaitForClaims},
@@ -286,6 +300,10 @@ func (s *scope) changeWorld() *changeWorld {
 		w.retire = s.unitsToRetire(epochTopology(w.active))
 	}
 	w.nextEpoch = s.nextEpoch
+	w.barrier = s.barrierUp()
+	if ordered, _ := s.orderedChange(w); ordered {
+		w.unbarriered = !s.pendingHasBarrier(w)
+	}
 	if w.active != nil && w.pending == nil && epochTopology(w.active) != w.target {
 		p := changePlan(w, s.claims)
 		w.plan = &p
@@ -393,7 +411,7 @@ func startEpoch(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *ch
 			return ctrl.Result{}, err
 		}
 	}
-	epoch, err := s.reg.CreatePending(ctx, s.registryKey(), w.target.Partitions, w.target.Shards)
+	epoch, err := s.createPending(ctx, w)
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("write epoch %s as pending: %w", w.target, err)
 	}
@@ -433,7 +451,7 @@ func (s *scope) provision(ctx context.Context, r *ShardTopologyReconciler, t own
 	if err := s.persistEnvelope(ctx, r); err != nil {
 		return err
 	}
-	rep, err := natsops.Provision(pctx, s.nc, l)
+	rep, err := natsops.ProvisionWith(pctx, s.nc, l, natsops.ProvisionOptions{System: s.sys})
 	if rep != nil {
 		// Orphans (shards beyond V, every consumer of a stream beyond N)
 		// are found in NATS whatever the envelope remembered.
@@ -503,6 +521,9 @@ var actActivate = changeAction{name: "Activate", step: topologyv1.StepActivate, 
 // operator half: no member decides under e+1 while another may still
 // decide under e.
 func activate(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
+	// An ordered change's barrier came with its pending epoch (the
+	// rules retire a pending epoch written without one).
+	_, unordered := s.orderedChange(w)
 	err := s.reg.Activate(ctx, s.registryKey(), w.pending.Number)
 	var incomplete *poolctl.FreezeIncompleteError
 	if errors.As(err, &incomplete) {
@@ -524,6 +545,10 @@ func activate(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *chan
 	if s.topo.Spec.NATS.ShardAssignment == topologyv1.ShardAssignmentSubjectTransform && w.active != nil && w.active.Shards != w.pending.Shards {
 		r.event(s, eventNormal, "TransformMoved", "Activate", "the partition streams' subject transform now routes rows over %d shards (was %d)",
 			w.pending.Shards, w.active.Shards)
+	}
+	if unordered != "" {
+		r.event(s, eventWarning, "OrderNotKept", "Activate", "spec.rollout.ordering is PerKey, but %s: epoch %d (%s) moved keys without an order barrier",
+			unordered, w.pending.Number, epochTopology(w.pending))
 	}
 	s.change.step = topologyv1.StepClaim
 	s.change.message = fmt.Sprintf("epoch %d (%s) active: waiting for every unit to be claimed", w.pending.Number, epochTopology(w.pending))
@@ -549,8 +574,11 @@ func retirePending(ctx context.Context, r *ShardTopologyReconciler, s *scope, w 
 	s.changed = true
 	r.conns().forgetProvisioned(s.key)
 	why := "the spec no longer asks for it"
-	if w.abort {
+	switch {
+	case w.abort:
 		why = "annotation " + topologyv1.AbortAnnotation + " asked for it"
+	case w.unbarriered:
+		why = "it was written without the order barrier spec.rollout.ordering PerKey needs (members may have acknowledged its freeze without it); it is written again with one"
 	}
 	back := "no epoch is active yet"
 	if w.active != nil {
@@ -581,6 +609,13 @@ func holdAborted(_ context.Context, _ *ShardTopologyReconciler, s *scope, w *cha
 
 var actWaitForPods = changeAction{name: "WaitForPods", step: topologyv1.StepProvision, run: func(_ context.Context, _ *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
 	s.change.message = fmt.Sprintf("%s waits for the pod roll in flight to finish (%s)", describeChange(w), strings.Join(w.podsInFlight, ", "))
+	return ctrl.Result{RequeueAfter: pollFast}, nil
+}}
+
+var actWaitForBarrier = changeAction{name: "WaitForBarrier", step: topologyv1.StepProvision, run: func(_ context.Context, _ *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
+	b := s.activeBarrier()
+	s.change.message = fmt.Sprintf("%s waits for the order barrier of epoch %d (%d -> %d shards): a key moved again before its old unit drained would lose its order",
+		describeChange(w), b.Epoch, b.FromShards, b.ToShards)
 	return ctrl.Result{RequeueAfter: pollFast}, nil
 }}
 

@@ -53,6 +53,11 @@ func TestDecideTopologyChange(t *testing.T) {
 			stateFreezing, "Activate"},
 		{"pending while paused, one member has not acknowledged: wait for it", changeWorld{target: to, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending, "a"), live: live, paused: true},
 			stateFreezing, "WaitForAcks"},
+		// An ordered change's pending epoch without its barrier (written
+		// before ordering was PerKey): members may have acknowledged the
+		// freeze without the barrier, so it is written again with one.
+		{"ordered change pending without its order barrier: retire it, before any activation", changeWorld{target: to, active: active,
+			pending: epoch(2, 2, 8, poolctl.EpochPending, "a", "b"), live: live, unbarriered: true}, stateFreezing, "RetirePending"},
 		{"the first epoch pending with no member: activate", changeWorld{target: to, pending: epoch(1, 2, 8, poolctl.EpochPending)}, stateFreezing, "Activate"},
 		{"pending epoch the spec no longer wants: retire it", changeWorld{target: ownership.Topology{Partitions: 2, Shards: 4}, active: active, pending: epoch(2, 2, 8, poolctl.EpochPending), live: live},
 			stateStalePending, "RetirePending"},
@@ -60,6 +65,8 @@ func TestDecideTopologyChange(t *testing.T) {
 			stateStalePending, "RetirePending"},
 		{"spec differs from the active epoch: start a change", changeWorld{target: to, active: active, live: live}, stateChangeWanted, "StartEpoch"},
 		{"spec differs while a pod is in flight: wait for it", changeWorld{target: to, active: active, podsInFlight: []string{"w-2"}}, stateChangeWanted, "WaitForPods"},
+		{"spec differs while the last change's order barrier holds moved keys: wait for it", changeWorld{target: to, active: active, live: live, barrier: true},
+			stateChangeWanted, "WaitForBarrier"},
 		{"spec differs and abort is set: hold the active epoch", changeWorld{target: to, active: active, abort: true}, stateChangeWanted, "HoldAborted"},
 		{"spec differs and paused: hold", changeWorld{target: to, active: active, paused: true}, stateChangeWanted, "Hold"},
 		{"manual approval, no annotation: publish the plan and wait", changeWorld{target: to, active: active, live: live, manual: true}, stateProposed, "Propose"},

@@ -48,6 +48,8 @@ type observation struct {
 	workload *workloadPods
 	// natsDown says why no NATS server is reachable; "" when one is.
 	natsDown string
+	// barrier is the active epoch's order barrier; nil without one.
+	barrier *topologyv1.OrderBarrierStatus
 }
 
 // registryView is a snapshot and what was read with it.
@@ -183,9 +185,14 @@ func assess(st *topologyv1.ShardTopologyStatus, o observation) (topologyv1.Phase
 	case firstEpoch:
 		return topologyv1.PhaseProvisioning, topologyv1.ReasonProvisioning, nonEmpty(o.change.message, "provisioning the first epoch")
 	case o.change.inProgress:
-		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, o.change.message
+		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, joinNonEmpty(o.change.message, barrierMessage(o.barrier))
 	case o.roll.active:
-		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, o.roll.message
+		return topologyv1.PhaseRollingOut, topologyv1.ReasonRollingOut, joinNonEmpty(o.roll.message, barrierMessage(o.barrier))
+	case barrierMessage(o.barrier) != "":
+		// Every unit is owned and unmoved keys flow, but moved keys'
+		// rows wait: the change is not over for order-sensitive
+		// consumers.
+		return topologyv1.PhaseRollingOut, topologyv1.ReasonOrderBarrier, barrierMessage(o.barrier)
 	case o.natsDown != "":
 		return topologyv1.PhasePending, topologyv1.ReasonNATSUnavailable,
 			"whether units flow cannot be judged: " + o.natsDown
@@ -234,6 +241,7 @@ func applyWorld(st *topologyv1.ShardTopologyStatus, t *topologyv1.ShardTopology,
 		p := *o.provisioned
 		st.Provisioned = &p
 	}
+	st.OrderBarrier = o.barrier.DeepCopy()
 	st.Rollout = rolloutStatus(t.Status.Rollout, st, o, now)
 	if last := finishedRollout(&t.Status, st, o, now); last != nil {
 		st.LastRollout = last

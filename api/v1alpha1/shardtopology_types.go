@@ -105,6 +105,10 @@ const (
 	// plan in status.plan waits for the approve annotation carrying its
 	// hash; nothing has been frozen.
 	ReasonAwaitingApproval = "AwaitingApproval"
+	// ReasonOrderBarrier means every unit is owned, but a change of V
+	// under spec.rollout.ordering PerKey still holds moved keys' rows in
+	// their new units until their old units drain (status.orderBarrier).
+	ReasonOrderBarrier = "OrderBarrier"
 	// ReasonApprovalRefused means the approve annotation names a plan
 	// hash other than the one in status.plan (the plan changed since it
 	// was read, or the hash was mistyped); the change keeps waiting.
@@ -298,11 +302,30 @@ const (
 	ShardAssignmentSubjectTransform ShardAssignment = "SubjectTransform"
 )
 
+// Ordering says whether a change of V keeps each key's rows in order across
+// the units the change moves the key between.
+// +kubebuilder:validation:Enum=None;PerKey
+type Ordering string
+
+const (
+	// OrderingNone moves keys at activation without waiting: a moved key's
+	// new unit may deliver its new rows before its old unit delivered the
+	// older ones.
+	OrderingNone Ordering = "None"
+	// OrderingPerKey holds a moved key's rows in its new unit until every
+	// old unit that fed the key acknowledged all rows stored before the
+	// transform switched (the order barrier). Needs SubjectTransform
+	// assignment; a change of N is not ordered (refused while PerKey).
+	OrderingPerKey Ordering = "PerKey"
+)
+
 // ShardTopologySpec declares the shard topology of one ingest fleet: N
 // partitions times V shards per partition, the NATS servers and registry that
 // carry it, the worker pods that consume it, and how changes roll out.
 //
 // +kubebuilder:validation:XValidation:rule="self.partitions * self.shardsPerPartition <= 65536",message="partitions x shardsPerPartition must be at most 65536 units",fieldPath=".shardsPerPartition"
+// +kubebuilder:validation:XValidation:rule="!has(self.rollout) || !has(self.rollout.ordering) || self.rollout.ordering != 'PerKey' || (has(self.nats.shardAssignment) && self.nats.shardAssignment == 'SubjectTransform')",message="spec.rollout.ordering PerKey needs spec.nats.shardAssignment SubjectTransform: under Publisher assignment publishers switch epochs one by one, so no stream sequence separates a key's old rows from its new ones; set spec.rollout.ordering None or use SubjectTransform",fieldPath=".rollout.ordering"
+// +kubebuilder:validation:XValidation:rule="!has(self.rollout) || !has(self.rollout.ordering) || self.rollout.ordering != 'PerKey' || self.partitions == oldSelf.partitions",message="a change of spec.partitions is not ordered yet: with spec.rollout.ordering PerKey only a change of spec.shardsPerPartition keeps per-key order; set spec.rollout.ordering None for a change of partitions",fieldPath=".partitions"
 type ShardTopologySpec struct {
 	// Partitions is N, the number of partition streams. Each partition is
 	// one JetStream stream. Changing it rolls out a new topology epoch.
@@ -526,6 +549,18 @@ type RolloutSpec struct {
 	// +kubebuilder:default=Automatic
 	// +optional
 	Approval ApprovalPolicy `json:"approval,omitempty"`
+
+	// Ordering says whether a change of shardsPerPartition keeps per-key
+	// order. None (the default) moves keys at activation. PerKey records,
+	// at activation, each partition stream's sequence at the transform
+	// switch, and a moved key's new unit holds the key's rows until every
+	// old unit that fed it acknowledged its rows up to that sequence;
+	// keys that did not move never wait. PerKey needs
+	// spec.nats.shardAssignment SubjectTransform, and refuses a change of
+	// spec.partitions (not ordered yet).
+	// +kubebuilder:default=None
+	// +optional
+	Ordering Ordering `json:"ordering,omitempty"`
 }
 
 // SecretKeyRef names one key of a Secret in the ShardTopology's namespace.
@@ -833,6 +868,76 @@ type StrandedRowsStatus struct {
 	CheckedAt metav1.Time `json:"checkedAt"`
 }
 
+// OrderBarrierStatus is the order barrier of the latest change of V under
+// spec.rollout.ordering PerKey, as the registry records it and NATS was
+// last read: which new units hold moved keys' rows for which old units.
+type OrderBarrierStatus struct {
+	// Epoch is the epoch whose activation moved the keys.
+	Epoch int64 `json:"epoch"`
+	// FromShards and ToShards are V before and after the change.
+	FromShards int32 `json:"fromShards"`
+	ToShards   int32 `json:"toShards"`
+	// Partitions is how many partition streams the barrier covers, and
+	// Switched how many of them have their switch sequence recorded (the
+	// last row the old transform routed).
+	Partitions int32 `json:"partitions"`
+	Switched   int32 `json:"switched"`
+	// Predecessors counts the old units whose keys moved, and Lifted
+	// those that acknowledged every row up to their stream's switch.
+	Predecessors int32 `json:"predecessors"`
+	Lifted       int32 `json:"lifted"`
+	// UnitsWaiting counts the new units that hold moved keys' rows for a
+	// predecessor not lifted yet (their unmoved keys flow).
+	UnitsWaiting int32 `json:"unitsWaiting"`
+	// Waiting names up to 16 of them, with the old units they wait for.
+	// +optional
+	// +listType=atomic
+	Waiting []BarrierWait `json:"waiting,omitempty"`
+	// Draining describes up to 16 old units not lifted yet, as NATS
+	// showed them at CheckedAt.
+	// +optional
+	// +listType=atomic
+	Draining []BarrierDrain `json:"draining,omitempty"`
+	// Unread names up to 16 old units (or partitions, for a switch not
+	// found yet) NATS did not answer for this time, with the error: they
+	// stay unlifted and are read again.
+	// +optional
+	// +listType=atomic
+	Unread []string `json:"unread,omitempty"`
+	// CheckedAt is when the operator last read the barrier's old units
+	// in NATS; absent when it did not this time.
+	// +optional
+	CheckedAt *metav1.Time `json:"checkedAt,omitempty"`
+}
+
+// BarrierWait is one new unit waiting for old ones.
+type BarrierWait struct {
+	// Unit is the new unit, p.s.
+	Unit string `json:"unit"`
+	// For are the old units (p.s) not lifted yet that feed it.
+	// +listType=atomic
+	For []string `json:"for"`
+}
+
+// BarrierDrain is one old unit of the barrier not lifted yet.
+type BarrierDrain struct {
+	// Unit is the old unit, p.s.
+	Unit string `json:"unit"`
+	// SwitchSeq is its stream's switch sequence; absent while not
+	// recorded.
+	// +optional
+	SwitchSeq *int64 `json:"switchSeq,omitempty"`
+	// AckFloor is its consumer's ack floor (a stream sequence).
+	AckFloor int64 `json:"ackFloor"`
+	// FirstOpen is its first row above the ack floor not known to be
+	// acknowledged; 0 when none was read.
+	// +optional
+	FirstOpen int64 `json:"firstOpen,omitempty"`
+	// Pending and AckPending are its undelivered and unacknowledged rows.
+	Pending    int64 `json:"pending"`
+	AckPending int64 `json:"ackPending"`
+}
+
 // ShardTopologyStatus is what the operator observed, as of
 // observedGeneration.
 type ShardTopologyStatus struct {
@@ -878,6 +983,12 @@ type ShardTopologyStatus struct {
 	// unit consumer will ever deliver them, as of its last check.
 	// +optional
 	StrandedRows *StrandedRowsStatus `json:"strandedRows,omitempty"`
+
+	// OrderBarrier is the order barrier of the latest change of V under
+	// spec.rollout.ordering PerKey while it is up, and once lifted until
+	// the next change; absent when no change was ordered.
+	// +optional
+	OrderBarrier *OrderBarrierStatus `json:"orderBarrier,omitempty"`
 
 	// Provisioned is the smallest N x V covering every unit consumer the
 	// operator created and has not retired yet. Units inside it but outside

@@ -138,6 +138,20 @@ func TestCreateValidation(t *testing.T) {
 			"spec.nats.shardAssignment: Unsupported value: \"Random\""},
 		{"bad StatefulSet name is refused", func(o *topologyv1.ShardTopology) { o.Spec.Workload.StatefulSetName = "Ingest_Workers" },
 			"spec.workload.statefulSetName"},
+		{"PerKey ordering under SubjectTransform is accepted", func(o *topologyv1.ShardTopology) {
+			o.Spec.NATS.ShardAssignment = topologyv1.ShardAssignmentSubjectTransform
+			o.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+		}, ""},
+		{"PerKey ordering under Publisher assignment is refused, naming both fields", func(o *topologyv1.ShardTopology) {
+			o.Spec.NATS.ShardAssignment = topologyv1.ShardAssignmentPublisher
+			o.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+		}, "spec.rollout.ordering: Invalid value: spec.rollout.ordering PerKey needs spec.nats.shardAssignment SubjectTransform"},
+		// The default assignment is Publisher: PerKey alone is refused too.
+		{"PerKey ordering with the default assignment is refused", func(o *topologyv1.ShardTopology) {
+			o.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+		}, "spec.rollout.ordering PerKey needs spec.nats.shardAssignment SubjectTransform"},
+		{"unknown ordering is refused", func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Ordering = "Total" },
+			"spec.rollout.ordering: Unsupported value: \"Total\""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -151,6 +165,10 @@ func TestCreateValidation(t *testing.T) {
 
 func TestUpdateTransitionRules(t *testing.T) {
 	withPrefix := func(o *topologyv1.ShardTopology) { o.Spec.NATS.SubjectPrefix = "shardkeeper" }
+	perKey := func(o *topologyv1.ShardTopology) {
+		o.Spec.NATS.ShardAssignment = topologyv1.ShardAssignmentSubjectTransform
+		o.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+	}
 	tests := []struct {
 		name    string
 		create  func(*topologyv1.ShardTopology) // nil: minimal
@@ -174,6 +192,15 @@ func TestUpdateTransitionRules(t *testing.T) {
 			o.Spec.NATS.ShardAssignment = topologyv1.ShardAssignmentSubjectTransform
 		}, "spec.nats.shardAssignment: Invalid value: shardAssignment is immutable"},
 		{"raising the version floor is accepted", nil, func(o *topologyv1.ShardTopology) { o.Spec.NATS.VersionFloor = "2.15.0" }, ""},
+		{"changing V with PerKey ordering is accepted", perKey, func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 12 }, ""},
+		{"changing N with PerKey ordering is refused", perKey, func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 6 },
+			"spec.partitions: Invalid value: a change of spec.partitions is not ordered yet"},
+		{"changing N while setting ordering None is accepted", perKey, func(o *topologyv1.ShardTopology) {
+			o.Spec.Partitions, o.Spec.Rollout.Ordering = 6, topologyv1.OrderingNone
+		}, ""},
+		{"turning PerKey on under Publisher assignment is refused", nil, func(o *topologyv1.ShardTopology) {
+			o.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+		}, "spec.rollout.ordering PerKey needs spec.nats.shardAssignment SubjectTransform"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -219,6 +246,7 @@ func TestDefaultsAreApplied(t *testing.T) {
 		{"rollout.leaseTTL", r.LeaseTTL.Duration, topologyv1.DefaultLeaseTTL},
 		{"rollout.renewInterval", r.RenewInterval.Duration, topologyv1.DefaultRenewInterval},
 		{"rollout.maxPodsAtOnce", r.MaxPodsAtOnce, int32(topologyv1.DefaultMaxPodsAtOnce)},
+		{"rollout.ordering", r.Ordering, topologyv1.OrderingNone},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

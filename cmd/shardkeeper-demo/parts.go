@@ -43,6 +43,10 @@ func (p *parts) onStop(f func()) { p.stops = append(p.stops, f) }
 // historyDir is where the workers write their delivery histories.
 func (p *parts) historyDir() string { return filepath.Join(p.dir, "history") }
 
+// sinkDelayFile is the workers' WORKER_HANDLER_DELAY_FILE: while it exists
+// every sink write waits the duration written in it.
+func (p *parts) sinkDelayFile() string { return filepath.Join(p.dir, "sink.delay") }
+
 func (p *parts) stop() {
 	say("stopping everything the demo started")
 	for i := len(p.stops) - 1; i >= 0; i-- {

@@ -27,21 +27,35 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/internal/testbed"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
+	"github.com/shardkeeper/shardkeeper/pkg/publish"
+)
+
+// Under --ordering PerKey the demo leaves a backlog in the old units just
+// before the change: every sink waits barrierSinkDelay a row while
+// barrierBurst rows are published at once.
+const (
+	barrierSinkDelay = 100 * time.Millisecond
+	barrierBurst     = 3000
 )
 
 // runScenario applies the sample, publishes rows, changes V and shows the
 // rollout as it happens.
-func runScenario(ctx context.Context, p *parts, toShards int) error {
+func runScenario(ctx context.Context, p *parts, o options) error {
 	topo, err := loadSample()
 	if err != nil {
 		return err
 	}
 	topo.Spec.NATS.URLs = p.nats.URLs()
+	perKey := o.ordering == topologyv1.OrderingPerKey
+	if perKey {
+		topo.Spec.NATS.ShardAssignment = topologyv1.ShardAssignmentSubjectTransform
+		topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+	}
 	if err := createWorkload(ctx, p, topo); err != nil {
 		return err
 	}
-	say("applying config/samples/topology_v1alpha1_shardtopology.yaml (N=%d, V=%d) with a local NATS URL",
-		topo.Spec.Partitions, topo.Spec.ShardsPerPartition)
+	say("applying config/samples/topology_v1alpha1_shardtopology.yaml (N=%d, V=%d) with a local NATS URL%s",
+		topo.Spec.Partitions, topo.Spec.ShardsPerPartition, map[bool]string{true: ", shardAssignment SubjectTransform and ordering PerKey"}[perKey])
 	if err := p.k.Create(ctx, topo); err != nil {
 		return wrap("apply sample", err)
 	}
@@ -50,15 +64,23 @@ func runScenario(ctx context.Context, p *parts, toShards int) error {
 		return err
 	}
 
-	pub, err := startPublisher(p, ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: int(topo.Spec.ShardsPerPartition)})
+	from := ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: int(topo.Spec.ShardsPerPartition)}
+	pub, err := startPublisher(p, topo, from, perKey)
 	if err != nil {
 		return err
 	}
-	say("publishing rows with unique ids to every unit; changing shardsPerPartition %d -> %d", topo.Spec.ShardsPerPartition, toShards)
+	if perKey {
+		say("keyed rows through the subject transform; slowing every sink to %s a row and publishing %d rows at once, so the old units still hold a backlog when the new V is activated", barrierSinkDelay, barrierBurst)
+		if err := os.WriteFile(p.sinkDelayFile(), []byte(barrierSinkDelay.String()), 0o644); err != nil {
+			return err
+		}
+		pub.burst(barrierBurst)
+	}
+	say("publishing rows with unique ids; changing shardsPerPartition %d -> %d", topo.Spec.ShardsPerPartition, o.toShards)
 	if err := p.k.Get(ctx, key, topo); err != nil {
 		return err
 	}
-	topo.Spec.ShardsPerPartition = int32(toShards)
+	topo.Spec.ShardsPerPartition = int32(o.toShards)
 	if err := p.k.Update(ctx, topo); err != nil {
 		return wrap("change V", err)
 	}
@@ -67,15 +89,20 @@ func runScenario(ctx context.Context, p *parts, toShards int) error {
 		pub.stop()
 		return err
 	}
-	pub.setTopology(ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: toShards})
+	if perKey {
+		if err := os.Remove(p.sinkDelayFile()); err != nil {
+			return err
+		}
+	}
+	pub.setTopology(ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: o.toShards})
 	time.Sleep(time.Second) // a few rows to the new units too
-	ids := pub.stop()
+	rows := pub.stop()
 	say("rollout done; checking that every published row reached the workers' sink")
-	if err := checkSink(ctx, p, ids); err != nil {
+	if err := checkSink(ctx, p, rows); err != nil {
 		return err
 	}
-	say("judging what the workers did (their delivery histories, the registry's claim history, every sink write)")
-	if err := judge(ctx, p, ids, final.RegistryKey()); err != nil {
+	say("judging what the workers did (their delivery histories, the registry's claim history, every sink write%s)", map[bool]string{true: ", per-key order"}[perKey])
+	if err := judge(ctx, p, rows, final.RegistryKey(), o.ordering); err != nil {
 		return err
 	}
 	say("final status of shardtopology/%s:", final.Name)
@@ -133,6 +160,7 @@ func createWorkload(ctx context.Context, p *parts, t *topologyv1.ShardTopology) 
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{
 					Name: "worker", Image: "shardkeeper-worker", Args: []string{"--drain-timeout", "5s"},
+					Env: []corev1.EnvVar{{Name: "WORKER_HANDLER_DELAY_FILE", Value: p.sinkDelayFile()}},
 				}}},
 			},
 		},
@@ -174,8 +202,13 @@ func summary(t *topologyv1.ShardTopology) string {
 	if c := meta.FindStatusCondition(t.Status.Conditions, topologyv1.ConditionReady); c != nil {
 		ready = string(c.Status) + "(" + c.Reason + ")"
 	}
-	return fmt.Sprintf("N=%d V=%d phase=%-12s ready=%-28s %s", t.Spec.Partitions, t.Spec.ShardsPerPartition,
+	line := fmt.Sprintf("N=%d V=%d phase=%-12s ready=%-28s %s", t.Spec.Partitions, t.Spec.ShardsPerPartition,
 		t.Status.Phase, ready, t.Status.Progress)
+	if b := t.Status.OrderBarrier; b != nil && b.Lifted < b.Predecessors {
+		line += fmt.Sprintf(" | order barrier: %d of %d old units drained to the switch, %d new units holding moved keys",
+			b.Lifted, b.Predecessors, b.UnitsWaiting)
+	}
+	return line
 }
 
 func printConditions(t *topologyv1.ShardTopology) {
@@ -187,17 +220,34 @@ func printConditions(t *topologyv1.ShardTopology) {
 	w.Flush()
 }
 
-// publisher sends rows with unique ids round robin over a topology's units.
+// publisher sends rows with unique ids, 100 a second: round robin over a
+// topology's units (publisher assignment), or, keyed, round robin over
+// demoKeys keys through pkg/publish's subjects (the transform picks the
+// shard), each key's rows numbered in order. One goroutine publishes, so
+// a key's rows reach the stream in the order of their numbers.
 type publisher struct {
-	mu   sync.Mutex
-	topo ownership.Topology
-	ids  []string
-	nc   *nats.Conn
-	quit chan struct{}
-	done chan struct{}
+	mu    sync.Mutex
+	addr  publish.Topology
+	topo  ownership.Topology
+	keyed bool
+	rows  []publishedRow
+	seqs  map[string]int64
+	more  int // rows to publish without waiting (a burst)
+	nc    *nats.Conn
+	quit  chan struct{}
+	done  chan struct{}
 }
 
-func startPublisher(p *parts, topo ownership.Topology) (*publisher, error) {
+// publishedRow is a row the stream acknowledged, with its key and the
+// key's sequence number when keyed.
+type publishedRow struct {
+	id  string
+	key historycheck.KeyedRow
+}
+
+const demoKeys = 256
+
+func startPublisher(p *parts, st *topologyv1.ShardTopology, topo ownership.Topology, keyed bool) (*publisher, error) {
 	nc, err := nats.Connect(strings.Join(p.nats.URLs(), ","), nats.UserInfo(natstest.AppUser, natstest.AppPassword))
 	if err != nil {
 		return nil, err
@@ -206,53 +256,98 @@ func startPublisher(p *parts, topo ownership.Topology) (*publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub := &publisher{topo: topo, nc: nc, quit: make(chan struct{}), done: make(chan struct{})}
 	// The sample sets no subject prefix: the topology's own default.
-	layout := natsops.Layout{SubjectPrefix: topologyv1.DefaultSubjectPrefixFor(namespace, "ingest")}
+	addr := publish.Topology{Prefix: st.SubjectPrefix(), Assignment: publish.Assignment(st.Spec.NATS.ShardAssignment)}
+	pub := &publisher{addr: addr, keyed: keyed, seqs: map[string]int64{}, nc: nc, quit: make(chan struct{}), done: make(chan struct{})}
+	pub.setTopology(topo)
 	go func() {
 		defer close(pub.done)
 		for n := 0; ; n++ {
-			select {
-			case <-pub.quit:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
 			pub.mu.Lock()
-			units := pub.topo.Units()
-			pub.mu.Unlock()
-			u := units[n%len(units)]
-			id := fmt.Sprintf("demo-%07d", n)
-			msg := &nats.Msg{Subject: layout.ShardSubject(u.Partition, u.Shard, id), Header: nats.Header{nats.MsgIdHdr: {id}}}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if _, err := js.PublishMsg(ctx, msg); err == nil {
-				pub.mu.Lock()
-				pub.ids = append(pub.ids, id)
-				pub.mu.Unlock()
+			burst := pub.more > 0
+			if burst {
+				pub.more--
 			}
-			cancel()
+			pub.mu.Unlock()
+			if !burst {
+				select {
+				case <-pub.quit:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			pub.publishOne(js, n)
 		}
 	}()
 	return pub, nil
+}
+
+// publishOne publishes the n-th row and records it once the stream
+// acknowledged it.
+func (pub *publisher) publishOne(js jetstream.JetStream, n int) {
+	id := fmt.Sprintf("demo-%07d", n)
+	pub.mu.Lock()
+	row := publishedRow{id: id}
+	var subject string
+	if pub.keyed {
+		row.key.Key = fmt.Sprintf("k%d", n%demoKeys)
+		row.key.Seq = pub.seqs[row.key.Key] + 1
+		subject, _ = pub.addr.Subject(row.key.Key)
+	} else {
+		units := pub.topo.Units()
+		u := units[n%len(units)]
+		subject = natsops.Layout{SubjectPrefix: pub.addr.Prefix}.ShardSubject(u.Partition, u.Shard, id)
+	}
+	pub.mu.Unlock()
+	msg := &nats.Msg{Subject: subject, Header: nats.Header{nats.MsgIdHdr: {id}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		return
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	pub.rows = append(pub.rows, row)
+	if pub.keyed {
+		pub.seqs[row.key.Key] = row.key.Seq
+	}
+}
+
+// burst publishes n rows as fast as the stream acknowledges them.
+func (pub *publisher) burst(n int) {
+	pub.mu.Lock()
+	pub.more += n
+	pub.mu.Unlock()
+	for {
+		pub.mu.Lock()
+		left := pub.more
+		pub.mu.Unlock()
+		if left == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (pub *publisher) setTopology(t ownership.Topology) {
 	pub.mu.Lock()
 	defer pub.mu.Unlock()
 	pub.topo = t
+	pub.addr.Partitions, pub.addr.Shards = t.Partitions, t.Shards
 }
 
-func (pub *publisher) stop() []string {
+func (pub *publisher) stop() []publishedRow {
 	close(pub.quit)
 	<-pub.done
 	pub.nc.Close()
 	pub.mu.Lock()
 	defer pub.mu.Unlock()
-	return pub.ids
+	return pub.rows
 }
 
 // checkSink waits until every published id is in the sink and reports
 // duplicates (rows written more than once).
-func checkSink(ctx context.Context, p *parts, ids []string) error {
+func checkSink(ctx context.Context, p *parts, rows []publishedRow) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		sink, err := fleettest.ReadSink(ctx, p.dsn)
@@ -264,40 +359,46 @@ func checkSink(ctx context.Context, p *parts, ids []string) error {
 			writes[w.ID]++
 		}
 		found, dups := 0, 0
-		for _, id := range ids {
-			if n := writes[id]; n > 0 {
+		for _, r := range rows {
+			if n := writes[r.id]; n > 0 {
 				found++
 				dups += n - 1
 			}
 		}
-		if found == len(ids) {
-			say("%d rows published, %d in the sink, %d written more than once, 0 lost", len(ids), found, dups)
+		if found == len(rows) {
+			say("%d rows published, %d in the sink, %d written more than once, 0 lost", len(rows), found, dups)
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d published rows never reached the sink", len(ids)-found, len(ids))
+			return fmt.Errorf("%d of %d published rows never reached the sink", len(rows)-found, len(rows))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
 // judge runs the history checker over the demo's evidence and prints its
-// verdict; a verdict that is not clean fails the demo.
-func judge(ctx context.Context, p *parts, ids []string, topology string) error {
+// verdict; a verdict that is not clean fails the demo. Under PerKey a
+// cross-unit per-key inversion is a violation too.
+func judge(ctx context.Context, p *parts, rows []publishedRow, topology string, ordering topologyv1.Ordering) error {
 	reg, err := poolctl.Open(ctx, poolctl.Config{DSN: p.dsn, SkipMigrate: true})
 	if err != nil {
 		return wrap("open registry", err)
 	}
 	defer reg.Close()
-	published := make(map[string]string, len(ids))
-	for _, id := range ids {
-		published[id] = ""
+	published := make(map[string]string, len(rows))
+	keys := map[string]historycheck.KeyedRow{}
+	for _, r := range rows {
+		published[r.id] = ""
+		if r.key.Key != "" {
+			keys[r.id] = r.key
+		}
 	}
 	in, err := fleettest.Gather(ctx, fleettest.Source{HistoryDir: p.historyDir(), DSN: p.dsn, Registry: reg, Topology: topology,
-		Expected: fleettest.KubeletProcesses(p.kubelet)()}, published)
+		Expected: fleettest.KubeletProcesses(p.kubelet)(), Keys: keys}, published)
 	if err != nil {
 		return err
 	}
+	in.Ordering = historycheck.Ordering(ordering)
 	v := historycheck.Check(in)
 	fmt.Println(indent(v.Table()))
 	if !v.Clean() {

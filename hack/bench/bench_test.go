@@ -71,3 +71,28 @@ func TestTheRatioIntervalNarrowsWithAgreeingRoundsAndIsGeometric(t *testing.T) {
 		t.Fatalf("0.90, 1.00, 0.95 judged narrow enough: [%v, %v]", lo, hi)
 	}
 }
+
+// Row e2's first round starts with the operator that watches every
+// topology, so each consumer exists before the baseline (10 of them) runs
+// beside them; later rounds alternate.
+func TestTheRowThatProvisionsEverythingRunsFirstThenRoundsAlternate(t *testing.T) {
+	for _, sh := range []opShape{shapeE, shapeE2} {
+		first := roundOrder(sh, 0)
+		if first[0].name != sh.variants[sh.provisionFirst].name || first[0].watchesOnly != "" {
+			t.Errorf("row %s: round 0 starts with %q, want the variant that watches every namespace", sh.row, first[0].name)
+		}
+		second := roundOrder(sh, 1)
+		if second[0].name != first[len(first)-1].name || len(second) != len(sh.variants) {
+			t.Errorf("row %s: round 1 is %v, want round 0 (%v) reversed", sh.row, second, first)
+		}
+	}
+	inBase := 0
+	for i := range shapeE2.topologies {
+		if shapeE2.namespaceOf(i) == shapeE2.variants[0].watchesOnly {
+			inBase++
+		}
+	}
+	if inBase != shapeE2.watched {
+		t.Errorf("row e2's baseline watches %d topologies, want %d", inBase, shapeE2.watched)
+	}
+}

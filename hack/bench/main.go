@@ -5,7 +5,7 @@
 // that misses its goal says why, with the top of a CPU profile taken while
 // it ran. Nothing is hard-coded: every number printed was measured here.
 //
-//	go run ./hack/bench [-rows a,b,c,d,e] [-rounds 15] [-profiles DIR]
+//	go run ./hack/bench [-rows a,b,c,d,d2,e] [-rounds 15] [-profiles DIR]
 //
 // `make bench` runs every row after building what they need.
 package main
@@ -37,12 +37,14 @@ var rows = []benchRow{
 	{"b", "rollout convergence, 16 workers x 4096 units", runRollout},
 	{"c", "SDK delivery overhead", runDelivery},
 	{"d", "census of 3 servers", runCensus},
+	{"d2", "census of one topology on a crowded cluster", runCensusCrowded},
 	{"e", "operator steady state", runOperator},
+	{"e2", "operator steady state, 100 topologies on one NATS cluster", runOperatorMany},
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.rows, "rows", "a,b,c,d,e", "rows to run, comma separated")
+	flag.StringVar(&o.rows, "rows", "a,b,c,d,d2,e,e2", "rows to run, comma separated")
 	flag.IntVar(&o.rounds, "rounds", len(t975)+1, "row c: at most this many alternating rounds (it stops earlier once the ratio's 95% interval is within +/-3%; at most 15)")
 	flag.StringVar(&o.profiles, "profiles", "", "directory for CPU profiles (default: a temporary directory, kept)")
 	flag.BoolVar(&o.verbose, "v", false, "log progress in detail")

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -22,23 +24,23 @@ import (
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
 
-// Row e: the operator's steady state. 10 ShardTopologies of 16 x 256
-// units each, every unit claimed in a real PostgreSQL registry by members
-// that renew and report activity (simMember), every unit consumer real
-// on one nats-server process (R1, provisioned by the operator itself),
-// and 10,000 unrelated Secrets in another namespace. The operator runs as
-// its own process built from this tree, against an envtest API server;
-// once every topology is Ready with all units owned, its RSS
-// (/proc/<pid>/status VmRSS, every second) and its reconcile latency
-// (controller_runtime_reconcile_time_seconds over the window) are read.
-// The baseline is the same binary with the Secret cache it had before
-// (every Secret of the cluster in a full informer), run alternately
-// against the same objects.
+// Rows e and e2: the operator's steady state. Topologies of a shape
+// (opShape), every unit claimed in a real PostgreSQL registry by members
+// that renew and report activity (simMember), every unit consumer real on
+// one nats-server process (R1, provisioned by the operator itself), and
+// unrelated Secrets in another namespace. The operator runs as its own
+// process built from this tree, against an envtest API server; once every
+// topology it watches is Ready with all units owned, its RSS
+// (/proc/<pid>/status VmRSS, every second), its reconcile latency
+// (controller_runtime_reconcile_time_seconds over the window) and the
+// bytes NATS sent its connections (CONNZ, before and after the window)
+// are read. Each row's baseline variant is run alternately against the
+// same objects: for e, the Secret cache the operator had before; for e2,
+// the operator watching 10 of the 100 topologies.
 
 const (
 	opRounds  = 2
 	opWindow  = 90 * time.Second
-	rssGoal   = 128 << 20
 	p99Goal   = 200 * time.Millisecond
 	opReadyBy = 20 * time.Minute
 )
@@ -47,6 +49,9 @@ const (
 type opVariant struct {
 	name string
 	args []string
+	// watchesOnly is the one namespace this variant's operator watches;
+	// empty: every namespace.
+	watchesOnly string
 }
 
 // opRun is what one run of a variant measured.
@@ -57,13 +62,24 @@ type opRun struct {
 	p99        time.Duration
 	p99Over    bool // p99 beyond the histogram's last finite bucket
 	reconciles int
-	heapTop    []string
-	allocTop   []string
-	cpuTop     []string
+	// traffic is what NATS sent the operator's connections over the
+	// window, by connection role.
+	traffic  map[string]int64
+	heapTop  []string
+	allocTop []string
+	cpuTop   []string
 }
 
 func runOperator(ctx context.Context, e *env) ([]result, error) {
-	w, err := newOpWorld(ctx, e)
+	return runSteady(ctx, e, shapeE)
+}
+
+func runOperatorMany(ctx context.Context, e *env) ([]result, error) {
+	return runSteady(ctx, e, shapeE2)
+}
+
+func runSteady(ctx context.Context, e *env, sh opShape) ([]result, error) {
+	w, err := newOpWorld(ctx, e, sh)
 	if err != nil {
 		return nil, err
 	}
@@ -74,16 +90,13 @@ func runOperator(ctx context.Context, e *env) ([]result, error) {
 	}
 	var runs []opRun
 	for i := range opRounds {
-		for j, v := range operatorVariants() {
-			if i%2 == 1 {
-				v = operatorVariants()[len(operatorVariants())-1-j]
-			}
+		for _, v := range roundOrder(sh, i) {
 			r, err := w.measure(ctx, bin, v)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", v.name, err)
 			}
-			e.say("e: %s: ready in %s, RSS max %s, reconcile p99 %s over %d reconciles",
-				v.name, ms(r.ready), mib(maxOf(r.rss)), ms(r.p99), r.reconciles)
+			e.say("%s: %s: ready in %s, RSS max %s, reconcile p99 %s over %d reconciles, NATS sent %v",
+				sh.row, v.name, ms(r.ready), mib(maxOf(r.rss)), ms(r.p99), r.reconciles, r.traffic)
 			runs = append(runs, r)
 		}
 	}
@@ -94,16 +107,35 @@ func runOperator(ctx context.Context, e *env) ([]result, error) {
 	return operatorResults(w, runs, probe), nil
 }
 
+// roundOrder is the order the variants run in round i: alternating, the
+// first round starting with the variant that provisions every topology.
+func roundOrder(sh opShape, i int) []opVariant {
+	first := sh.variants[sh.provisionFirst]
+	var rest []opVariant
+	for j, v := range sh.variants {
+		if j != sh.provisionFirst {
+			rest = append(rest, v)
+		}
+	}
+	order := append([]opVariant{first}, rest...)
+	if i%2 == 1 {
+		slices.Reverse(order)
+	}
+	return order
+}
+
 // censusProbe is one census as the operator takes it for one topology,
-// timed on its own, and the JSZ request inside it.
+// timed on its own, what it read, and for comparison the JSZ of every
+// consumer of every account that the census read before issue 23.
 type censusProbe struct {
 	took time.Duration
+	read natsops.CensusRead
 	jsz  jszProbe
 }
 
-// probeCensus takes topology 0's census the way the operator does (no
-// account filter: the operator does not know the account its
-// credentials belong to) once the operator is stopped.
+// probeCensus takes topology 0's census the way the operator does (its
+// streams' consumer listings through the application connection, the
+// system pings through the system user) once the operator is stopped.
 func (w *opWorld) probeCensus(ctx context.Context) (censusProbe, error) {
 	var p censusProbe
 	sys, err := nats.Connect(w.natsURL, nats.UserInfo(natstest.SysUser, natstest.SysPassword))
@@ -111,10 +143,17 @@ func (w *opWorld) probeCensus(ctx context.Context) (censusProbe, error) {
 		return p, fmt.Errorf("connect as the system user: %w", err)
 	}
 	defer sys.Close()
-	l := natsops.Layout{SubjectPrefix: "t0", ConsumerName: "ingest", Partitions: opPartitions, Shards: opShards}
-	if p.took, _, err = timeCensus(ctx, sys, natsops.CensusOptions{Consumers: l.Consumers()}); err != nil {
+	app, err := nats.Connect(w.natsURL, nats.UserInfo(natstest.AppUser, natstest.AppPassword))
+	if err != nil {
+		return p, fmt.Errorf("connect as the application user: %w", err)
+	}
+	defer app.Close()
+	l := natsops.Layout{SubjectPrefix: "t0", ConsumerName: "ingest", Partitions: w.sh.partitions, Shards: w.sh.shards}
+	took, c, err := timeCensus(ctx, sys, natsops.CensusOptions{JetStream: app, Consumers: l.Consumers()})
+	if err != nil {
 		return p, err
 	}
+	p.took, p.read = took, c.Read
 	p.jsz, err = probeJSZ(ctx, sys, 1, `{"accounts":true,"streams":true,"consumer":true}`)
 	return p, err
 }
@@ -144,11 +183,15 @@ func (w *opWorld) measure(ctx context.Context, bin string, v opVariant) (opRun, 
 	}
 	defer p.stop()
 	start := time.Now()
-	if err := waitFor(ctx, opReadyBy, func() (bool, error) { return w.allReady(ctx, start) }); err != nil {
+	if err := waitFor(ctx, opReadyBy, func() (bool, error) { return w.allReady(ctx, start, v) }); err != nil {
 		return r, fmt.Errorf("wait for every topology to be Ready (log %s): %w", p.logPath, err)
 	}
 	r.ready = time.Since(start)
 	before, err := p.reconcileHistogram()
+	if err != nil {
+		return r, err
+	}
+	sentBefore, err := w.operatorTraffic(ctx)
 	if err != nil {
 		return r, err
 	}
@@ -170,6 +213,14 @@ func (w *opWorld) measure(ctx context.Context, bin string, v opVariant) (opRun, 
 	if err != nil {
 		return r, err
 	}
+	sentAfter, err := w.operatorTraffic(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.traffic = map[string]int64{}
+	for role, n := range sentAfter {
+		r.traffic[role] = n - sentBefore[role]
+	}
 	delta := after.minus(before)
 	r.p99, r.p99Over = delta.quantile(0.99)
 	r.reconciles = int(delta.count)
@@ -179,12 +230,18 @@ func (w *opWorld) measure(ctx context.Context, bin string, v opVariant) (opRun, 
 	return r, nil
 }
 
-// allReady reports whether every topology is Ready with all units owned,
-// in a status written by an operator started at start or later: its
-// census is younger, and each operator takes one on its first reconcile.
-func (w *opWorld) allReady(ctx context.Context, start time.Time) (bool, error) {
+// allReady reports whether every topology v watches is Ready with all
+// units owned, in a status written by an operator started at start or
+// later: its census is younger, and each operator takes one on its first
+// reconcile.
+func (w *opWorld) allReady(ctx context.Context, start time.Time, v opVariant) (bool, error) {
 	var list topologyv1.ShardTopologyList
-	if err := w.k.List(ctx, &list, client.InNamespace(opNamespace)); err != nil {
+	var opts []client.ListOption
+	want := w.sh.topologies
+	if v.watchesOnly != "" {
+		opts, want = append(opts, client.InNamespace(v.watchesOnly)), w.sh.watched
+	}
+	if err := w.k.List(ctx, &list, opts...); err != nil {
 		return false, err
 	}
 	ready := 0
@@ -192,12 +249,59 @@ func (w *opWorld) allReady(ctx context.Context, start time.Time) (bool, error) {
 		c := meta.FindStatusCondition(t.Status.Conditions, topologyv1.ConditionReady)
 		census := t.Status.Census
 		if c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == t.Generation &&
-			t.Status.Units != nil && t.Status.Units.Owned == opPartitions*opShards &&
+			t.Status.Units != nil && int(t.Status.Units.Owned) == w.sh.partitions*w.sh.shards &&
 			census != nil && census.ObservedAt != nil && !census.ObservedAt.Time.Before(start.Truncate(time.Second)) {
 			ready++
 		}
 	}
-	return ready == opTopologies, nil
+	return ready == want, nil
+}
+
+// operatorTraffic is how many bytes the NATS server has sent the
+// operator's connections so far, by the role in their names ("streams",
+// "system"), from the server's CONNZ asked through the system account.
+func (w *opWorld) operatorTraffic(ctx context.Context) (map[string]int64, error) {
+	sys, err := nats.Connect(w.natsURL, nats.UserInfo(natstest.SysUser, natstest.SysPassword))
+	if err != nil {
+		return nil, fmt.Errorf("connect as the system user: %w", err)
+	}
+	defer sys.Close()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	msg, err := sys.RequestWithContext(rctx, "$SYS.REQ.SERVER.PING.CONNZ", []byte(`{"limit":100000}`))
+	if err != nil {
+		return nil, fmt.Errorf("CONNZ: %w", err)
+	}
+	var reply struct {
+		Data struct {
+			Conns []struct {
+				Name     string `json:"name"`
+				OutBytes int64  `json:"out_bytes"`
+			} `json:"connections"`
+		} `json:"data"`
+		Error *struct {
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return nil, fmt.Errorf("decode CONNZ: %w", err)
+	}
+	if reply.Error != nil {
+		return nil, fmt.Errorf("CONNZ: %s", reply.Error.Description)
+	}
+	out := map[string]int64{}
+	for _, c := range reply.Data.Conns {
+		name, ok := strings.CutPrefix(c.Name, "shardkeeper-operator ")
+		if !ok {
+			continue
+		}
+		role := "other"
+		if i := strings.LastIndex(name, "("); i >= 0 {
+			role = strings.TrimSuffix(name[i+1:], ")")
+		}
+		out[role] += c.OutBytes
+	}
+	return out, nil
 }
 
 // operatorProc is one running operator process.
@@ -314,22 +418,13 @@ func maxOf(xs []int64) int64 {
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
-// operatorVariants are the ways the operator is run, baseline first:
-// every Secret in a full informer, as before the metadata-only watch, and
-// the operator as it is.
-func operatorVariants() []opVariant {
-	return []opVariant{
-		{name: "full Secret informer (before)", args: []string{"--full-secret-cache"}},
-		{name: "metadata-only Secret watch (now)"},
-	}
-}
-
 func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
+	sh := w.sh
 	byVariant := map[string][]opRun{}
 	for _, r := range runs {
 		byVariant[r.variant] = append(byVariant[r.variant], r)
 	}
-	vs := operatorVariants()
+	vs := sh.variants
 	base, cur := byVariant[vs[0].name], byVariant[vs[len(vs)-1].name]
 	rssOf := func(rs []opRun) int64 {
 		var m []float64
@@ -345,25 +440,39 @@ func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
 		}
 		return median(ds)
 	}
-	notes := []string{fmt.Sprintf("%d ShardTopologies of %d x %d units (R1 consumers on one nats-server, provisioned by the operator), every unit claimed in PostgreSQL by %d registry-level members per topology that renew and report activity (no pulling); %d unrelated Secrets of %d bytes in namespace %q; setup took %s",
-		opTopologies, opPartitions, opShards, opMembers, opSecrets, opSecretBytes, opUnrelated, ms(w.setup)),
-		fmt.Sprintf("each run: the operator process starts, every topology becomes Ready with all units owned, then %s of steady state: VmRSS every second (max reported), reconcile p99 from controller_runtime_reconcile_time_seconds over the window; runs alternate", opWindow)}
-	for _, r := range runs {
-		notes = append(notes, fmt.Sprintf("%s: ready after %s; RSS max %s, median %s; reconcile p99 %s over %d reconciles",
-			r.variant, ms(r.ready), mib(maxOf(r.rss)), mib(medianRSS(r.rss)), p99String(r), r.reconciles))
+	// trafficPer30s is the median bytes NATS sent the operator's
+	// connections (the census's system pings and its streams' listings,
+	// and the stream connections' provisioning reads) per 30 s of a window.
+	trafficPer30s := func(rs []opRun) int64 {
+		var m []float64
+		for _, r := range rs {
+			var n int64
+			for _, b := range r.traffic {
+				n += b
+			}
+			m = append(m, float64(n)*float64(30*time.Second)/float64(opWindow))
+		}
+		return int64(medianFloat(m))
 	}
-	rss := result{row: "e", what: "operator RSS, steady state, 10 x 4096 units + 10,000 Secrets",
+	notes := []string{fmt.Sprintf("%d ShardTopologies of %d x %d units (R1 consumers on one nats-server, provisioned by the operator), every unit claimed in PostgreSQL by %d registry-level members per topology that renew and report activity (no pulling); %d unrelated Secrets of %d bytes in namespace %q; setup took %s",
+		sh.topologies, sh.partitions, sh.shards, sh.members, sh.secrets, sh.secretBytes, opUnrelated, ms(w.setup)),
+		fmt.Sprintf("each run: the operator process starts, every topology it watches becomes Ready with all units owned, then %s of steady state: VmRSS every second (max reported), reconcile p99 from controller_runtime_reconcile_time_seconds over the window, bytes NATS sent its connections (CONNZ out_bytes, by the role in the connection's name); runs alternate", opWindow)}
+	for _, r := range runs {
+		notes = append(notes, fmt.Sprintf("%s: ready after %s; RSS max %s, median %s; reconcile p99 %s over %d reconciles; NATS sent %s to its census connections and %s to its stream connections over the window",
+			r.variant, ms(r.ready), mib(maxOf(r.rss)), mib(medianRSS(r.rss)), p99String(r), r.reconciles, mib(r.traffic["system"]), mib(r.traffic["streams"])))
+	}
+	rss := result{row: sh.row, what: "operator RSS, steady state, " + sh.what,
 		measured: mib(rssOf(cur)), baseline: mib(rssOf(base)) + " (" + vs[0].name + ")",
-		ratio: fmt.Sprintf("%.2fx", float64(rssOf(cur))/float64(rssOf(base))), goal: "< 128 MiB",
-		verdict: judge(rssOf(cur) < rssGoal), notes: notes}
-	censusWhy := fmt.Sprintf("one topology's census, as the operator takes it, took %s on its own; its JSZ request returned %.1f MB after %s: every consumer of every account (%d), for each of the %d topologies, every census interval",
-		ms(probe.took), float64(probe.jsz.bytes)/1e6, ms(probe.jsz.slowest), opTopologies*opPartitions*opShards, opTopologies)
+		ratio: fmt.Sprintf("%.2fx", float64(rssOf(cur))/float64(rssOf(base))), goal: "< " + mib(sh.rssGoal),
+		verdict: judge(rssOf(cur) < sh.rssGoal), notes: notes}
+	censusWhy := fmt.Sprintf("one topology's census, as the operator takes it, took %s on its own beside %d consumers in all and read %d replies, %.1f KB, %d consumer entries; a JSZ of every consumer of every account (the census before issue 23) returns %.1f MB after %s",
+		ms(probe.took), sh.topologies*sh.partitions*sh.shards, probe.read.Replies, float64(probe.read.Bytes)/1e3, probe.read.Consumers, float64(probe.jsz.bytes)/1e6, ms(probe.jsz.slowest))
 	if rss.verdict == missed && len(cur) > 0 {
 		last := cur[len(cur)-1]
 		rss.why = []string{censusWhy, "the heap in use at the end of the window is far below the RSS; what the window allocated shows why (go tool pprof -top -sample_index=alloc_space over half the window), then the heap in use:"}
 		rss.profile = append(append(last.allocTop, "--- in use (-sample_index=inuse_space):"), last.heapTop...)
 	}
-	lat := result{row: "e", what: "operator reconcile p99, same runs",
+	lat := result{row: sh.row, what: "operator reconcile p99, same runs",
 		measured: ms(p99Of(cur)), baseline: ms(p99Of(base)) + " (" + vs[0].name + ")",
 		ratio: fmt.Sprintf("%.2fx", float64(p99Of(cur))/float64(p99Of(base))), goal: "< 200ms",
 		verdict: judge(p99Of(cur) < p99Goal && !anyOver(cur))}
@@ -371,7 +480,11 @@ func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
 		lat.why = []string{censusWhy, "the operator's CPU over half the window (go tool pprof -top):"}
 		lat.profile = cur[len(cur)-1].cpuTop
 	}
-	return []result{rss, lat}
+	traffic := result{row: sh.row, what: "NATS to operator traffic per 30 s (census and streams), same runs",
+		measured: mib(trafficPer30s(cur)), baseline: mib(trafficPer30s(base)) + " (" + vs[0].name + ")",
+		ratio: fmt.Sprintf("%.2fx", float64(trafficPer30s(cur))/float64(max(trafficPer30s(base), 1))), goal: "reported", verdict: noGoal,
+		notes: []string{censusWhy}}
+	return []result{rss, lat, traffic}
 }
 
 func medianRSS(xs []int64) int64 {

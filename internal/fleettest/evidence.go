@@ -30,18 +30,23 @@ type Source struct {
 	// RowPrefix, when set, keeps only sink writes of rows whose id starts
 	// with it (a sink shared with another fleet).
 	RowPrefix string
+	// Keys are the published rows' keys and per-key sequence numbers
+	// (Fleet.Keyed), for the per-key order check; nil leaves it n/a.
+	Keys map[string]historycheck.KeyedRow
 }
 
 // Evidence gathers what the history checker judges: every worker's
 // delivery history, the registry's claim, lease and epoch history, every
-// sink write and what was published.
+// sink write and what was published (with every row's key and sequence).
 func (f *Fleet) Evidence(ctx context.Context, published map[string]ownership.Unit) (historycheck.Input, error) {
 	ids := make(map[string]string, len(published))
 	for id, u := range published {
 		ids[id] = u.String()
 	}
-	return Gather(ctx, Source{HistoryDir: f.HistoryDir, DSN: f.DSN, Registry: f.Registry, Topology: f.Topology,
-		Expected: f.Expected(), RowPrefix: f.Opts.RowPrefix}, ids)
+	in, err := Gather(ctx, Source{HistoryDir: f.HistoryDir, DSN: f.DSN, Registry: f.Registry, Topology: f.Topology,
+		Expected: f.Expected(), RowPrefix: f.Opts.RowPrefix, Keys: f.Keyed()}, ids)
+	in.Ordering = f.Opts.Ordering
+	return in, err
 }
 
 // Gather reads the evidence at src; published maps row ids to units.
@@ -50,7 +55,7 @@ func Gather(ctx context.Context, src Source, published map[string]string) (histo
 	if err != nil {
 		return historycheck.Input{}, fmt.Errorf("read delivery histories: %w", err)
 	}
-	in := historycheck.Input{Processes: procs, Published: published, Expected: src.Expected, Grace: src.Grace}
+	in := historycheck.Input{Processes: procs, Published: published, Expected: src.Expected, Grace: src.Grace, Keys: src.Keys}
 	if in.Grace == 0 {
 		if in.Grace, err = ReadGrace(ctx, src.DSN, src.Topology); err != nil {
 			return in, err

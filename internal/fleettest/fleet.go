@@ -1,7 +1,8 @@
 // Package fleettest runs a real fleet for tests and the demo: a NATS
 // JetStream cluster, a PostgreSQL registry, the unit consumers of a
 // topology, reference worker processes (cmd/shardkeeper-worker), a
-// publisher of uniquely numbered rows, and checkers for the promises: no
+// publisher of uniquely numbered rows, each of a key and numbered in its
+// key's sequence, and checkers for the promises: no
 // unit held by two workers at once (P1) and every published row in the
 // sink (P3), with duplicates counted.
 //
@@ -67,6 +68,10 @@ type Options struct {
 	SubjectPrefix string
 	// Assignment says who picks a row's shard (default: the publisher).
 	Assignment natsops.ShardAssignment
+	// Ordering is the per-key order the run declares (the topology's
+	// spec.rollout.ordering): under PerKey, Evidence makes the checker
+	// fail a cross-unit per-key inversion.
+	Ordering historycheck.Ordering
 }
 
 // NATS is the cluster a fleet runs on: in-process servers
@@ -118,6 +123,12 @@ type Fleet struct {
 	started []*Worker
 	// sources list the worker processes others started (AddProcesses).
 	sources []func() []historycheck.ExpectedProcess
+
+	keyMu sync.Mutex
+	// keySeq is each key's last sequence number given out; keyed holds
+	// every acknowledged row's key and sequence number (Keyed).
+	keySeq map[string]int64
+	keyed  map[string]historycheck.KeyedRow
 }
 
 // Start starts NATS, PostgreSQL and the registry, provisions the first
@@ -156,7 +167,8 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	if o.SubjectPrefix == "" {
 		o.SubjectPrefix = "shardkeeper"
 	}
-	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}, HistoryDir: t.TempDir()}
+	f := &Fleet{T: t, Opts: o, Topology: o.Topology, workers: map[string]*Worker{}, HistoryDir: t.TempDir(),
+		keySeq: map[string]int64{}, keyed: map[string]historycheck.KeyedRow{}}
 	f.NATS, f.PG = o.NATS, o.PG
 	if f.NATS == nil {
 		f.NATS = natstest.StartCluster(t, o.Servers)
@@ -186,6 +198,13 @@ func StartInfra(t testing.TB, o Options) *Fleet {
 	return f
 }
 
+// Provision provisions l on the fleet's cluster as the operator does,
+// with the system-account connection a change of a replicated stream's
+// transform needs.
+func (f *Fleet) Provision(ctx context.Context, l natsops.Layout) (*natsops.Report, error) {
+	return natsops.ProvisionWith(ctx, f.NATS.Connect(0), l, natsops.ProvisionOptions{System: f.NATS.ConnectSys(0)})
+}
+
 // ChangeTopology provisions the consumers of (n, v) and rolls the registry
 // to it the way the operator does: pending, wait for every live member's
 // freeze acknowledgement, activate. It returns the new epoch.
@@ -194,7 +213,7 @@ func (f *Fleet) ChangeTopology(n, v int) int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	f.Layout.Partitions, f.Layout.Shards = n, v
-	if _, err := natsops.Provision(ctx, f.NATS.Connect(0), f.Layout); err != nil {
+	if _, err := f.Provision(ctx, f.Layout); err != nil {
 		f.T.Fatalf("provision %dx%d: %v", n, v, err)
 	}
 	epoch, err := f.Registry.CreatePending(ctx, f.Topology, n, v)
@@ -275,7 +294,7 @@ func (f *Fleet) PublishCensus(floor string) *natsops.Census {
 	for _, u := range (ownership.Topology{Partitions: f.Layout.Partitions, Shards: f.Layout.Shards}).Units() {
 		refs = append(refs, f.Layout.ConsumerRef(natsops.Unit{Partition: u.Partition, Shard: u.Shard}))
 	}
-	c, err := natsops.TakeCensus(ctx, f.NATS.ConnectSys(0), natsops.CensusOptions{Floor: floor, Consumers: refs})
+	c, err := natsops.TakeCensus(ctx, f.NATS.ConnectSys(0), natsops.CensusOptions{Floor: floor, JetStream: f.NATS.Connect(0), Consumers: refs})
 	if err != nil {
 		f.T.Fatalf("census: %v", err)
 	}

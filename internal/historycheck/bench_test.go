@@ -11,7 +11,8 @@ import (
 
 // bigHistory is a clean run of the size the e2e produces: 64 units handed
 // between 16 members every 5 s for 100 s, 100,000 deliveries each acked
-// (200,000 records), 100,000 sink writes, lease renewals every second.
+// (200,000 records), 100,000 sink writes, lease renewals every second;
+// every row of one of 8 keys per unit, in order (ordering PerKey).
 func bigHistory() Input {
 	const (
 		members, units = 16, 64
@@ -20,7 +21,8 @@ func bigHistory() Input {
 		perUnit        = 100_000 / units
 	)
 	rng := rand.New(rand.NewPCG(1, 2))
-	in := Input{Epochs: []EpochSpan{{Number: 1, Partitions: 4, Shards: 16, ActivatedAt: t0}}, Published: map[string]string{}, Grace: time.Second}
+	in := Input{Epochs: []EpochSpan{{Number: 1, Partitions: 4, Shards: 16, ActivatedAt: t0}}, Published: map[string]string{}, Grace: time.Second,
+		Keys: map[string]KeyedRow{}, Ordering: OrderingPerKey}
 	procs := make([]history.Process, members)
 	for m := range procs {
 		procs[m] = history.Process{Name: fmt.Sprintf("w-%d-1-1", m), MonoToWall: t0.UnixNano() - int64(m+1)*int64(time.Hour)}
@@ -33,6 +35,7 @@ func bigHistory() Input {
 	gap := span / perUnit
 	for u := range units {
 		unit := fmt.Sprintf("%d.%d", u/16, u%16)
+		n := 0
 		for k := int64(0); k < int64(span/tenure); k++ {
 			m := rng.IntN(members)
 			member, from := fmt.Sprint("w-", m), t0.Add(time.Duration(k)*tenure)
@@ -47,6 +50,8 @@ func bigHistory() Input {
 					history.Record{Kind: history.KindAck, Unit: unit, Member: member, Incarnation: 1, Epoch: k + 1, RowID: row, Start: mono + 2e6, End: mono + 3e6})
 				in.Sink = append(in.Sink, SinkWrite{RowID: row, Unit: unit, Member: member, Epoch: k + 1, At: at.Add(time.Millisecond)})
 				in.Published[row] = unit
+				in.Keys[row] = KeyedRow{Key: fmt.Sprintf("%s-k%d", unit, n%8), Seq: int64(n/8 + 1)}
+				n++
 			}
 		}
 	}

@@ -64,6 +64,12 @@ func (b *procBuilder) nd(n uint64) *procBuilder {
 	return b
 }
 
+// detail sets the last record's Detail (a settle's error).
+func (b *procBuilder) detail(d string) *procBuilder {
+	b.p.Records[len(b.p.Records)-1].Detail = d
+	return b
+}
+
 // fetch records a pull of unit from startMs to endMs that brought rows.
 func (b *procBuilder) fetch(unit string, startMs, endMs, rows int) *procBuilder {
 	b.add(history.KindFetch, unit, 0, "", startMs, endMs)

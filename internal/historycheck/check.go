@@ -32,6 +32,7 @@ func Check(in Input) Verdict {
 	}
 	c.checkLost(&v)
 	c.checkSink(&v)
+	c.checkKeyOrder(&v)
 	c.ex.into(&v)
 	return v
 }
@@ -191,6 +192,9 @@ func (c *checker) describe(a *action) string {
 	fmt.Fprintf(&b, "%s %s unit %s member %s inc %d epoch %d", c.in.Processes[a.proc].Name, r.Kind, r.Unit, a.member, r.Incarnation, r.Epoch)
 	if r.RowID != "" {
 		fmt.Fprintf(&b, " row %s", r.RowID)
+	}
+	if r.StreamSeq != 0 {
+		fmt.Fprintf(&b, " stream seq %d", r.StreamSeq)
 	}
 	if r.NumDelivered != 0 {
 		fmt.Fprintf(&b, " delivery %d", r.NumDelivered)

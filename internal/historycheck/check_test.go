@@ -334,6 +334,8 @@ func zeroes() map[string]string {
 		out[c] = "0"
 	}
 	out[CheckDupExplained] = "0 (0/0/0)"
+	// No keyed rows: per-key order has nothing to judge.
+	out[CheckKeyInversions], out[CheckKeyReorders] = "n/a", "n/a"
 	return out
 }
 

@@ -154,9 +154,29 @@
 //
 // Otherwise it is unexplained, and fails the run.
 //
+// Per-key order. Input.Keys gives rows a key and a sequence number (the
+// publisher's: 1, 2, 3 ... per key). A keyed row's first delivery is the
+// Start of its earliest deliver record (any process); its acknowledgement
+// is the Start of its earliest ack or term record whose settle reported no
+// error (the instant the ack was sent: a barrier that reads the consumer's
+// ack floor cannot have seen it earlier, so a later row delivered after it
+// is never counted); its unit is the unit of its last deliver record. A
+// row j is out of order when some row i of its key with a smaller Seq was
+// acknowledged strictly after j's first delivery. It is a cross-unit
+// inversion when some such i is of another unit than j (a change of N or V
+// moved the key while i still waited in its old unit), else a reorder
+// within the unit (NATS redelivered i after j: at-least-once). Each row
+// counts once, cross-unit first. Rows never delivered are not judged, and
+// rows never acknowledged judge no later row (P3 and the duplicates judge
+// them). Cross-unit inversions fail the run only when Input.Ordering is
+// PerKey (an unknown Ordering is judged as PerKey, and fails); otherwise
+// they are information, as reorders within a unit always are. PerKey with
+// no keyed row delivered fails: no evidence, no verdict.
+//
 // NoRegistry. A baseline without claims (the independent strategy): P1
 // overlap, P3, histories, completeness (matching RowID and Member only) and
-// duplicates are computed as above; claim validity, P2 and P5 are n/a.
+// duplicates are computed as above, and per-key order too; claim
+// validity, P2 and P5 are n/a.
 //
 // # Cost
 //

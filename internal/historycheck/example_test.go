@@ -36,4 +36,6 @@ func ExampleSideBySide() {
 	// duplicates explained (takeover/reset/redelivery)  0 (0/0/0) OK  1 (0/0/1) OK
 	// duplicates unexplained                            0 OK          0 OK
 	// units pulled by two processes (fetches)           0 info        1 info
+	// per-key inversions across units                   n/a           n/a
+	// per-key reorders within a unit (redelivery)       n/a           n/a
 }

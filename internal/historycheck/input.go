@@ -80,6 +80,28 @@ type SinkWrite struct {
 	At                  time.Time // registry/sink wall clock at insert
 }
 
+// KeyedRow is a row's key and its place among the key's rows, as the
+// publisher sent them: Seq is 1 for the key's first row, 2 for the next,
+// and so on (a failed publish may leave a gap).
+type KeyedRow struct {
+	Key string
+	Seq int64
+}
+
+// Ordering is the per-key order a run promises, as the ShardTopology's
+// spec.rollout.ordering names it.
+type Ordering string
+
+const (
+	// OrderingNone promises no order across a change of N or V (today's
+	// behaviour): the per-key order check reports its count as
+	// information. The empty Ordering means the same.
+	OrderingNone Ordering = "None"
+	// OrderingPerKey promises every key's rows in order across a change:
+	// one cross-unit inversion fails the run.
+	OrderingPerKey Ordering = "PerKey"
+)
+
 // Input is all the evidence of one run.
 type Input struct {
 	Processes []history.Process
@@ -95,6 +117,13 @@ type Input struct {
 	Epochs    []EpochSpan
 	Sink      []SinkWrite
 	Published map[string]string // row id -> unit it was published to
+	// Keys maps row ids to their key and per-key sequence number, from
+	// the publisher's own record of what it sent; rows without an entry
+	// are not judged for order.
+	Keys map[string]KeyedRow
+	// Ordering is the order the run promises per key; PerKey makes the
+	// per-key order check a check, anything else information.
+	Ordering Ordering
 	// NoRegistry marks a baseline without claims (the independent strategy):
 	// the claim-based checks are reported n/a.
 	NoRegistry bool

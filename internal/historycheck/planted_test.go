@@ -250,6 +250,76 @@ func TestPlantedViolations(t *testing.T) {
 			clean: true,
 			want:  map[string]string{CheckDupExplained: "1 (1/0/0)"},
 		},
+
+		// Per-key order (issue 24): a key's row first delivered before an
+		// earlier row of the key was acknowledged.
+		{
+			name:  "a moved key's row delivered after its old unit acked the earlier row is in order",
+			in:    movedKey(),
+			clean: true,
+			want:  map[string]string{CheckKeyInversions: "0", CheckKeyReorders: "0"},
+		},
+		{
+			// a acks r1 only at 60; b, on the key's new unit, delivered r2
+			// at 50: the change moved k while r1 still waited in 0.1.
+			name:    "a moved key's row delivered before its old unit acked the earlier row is a cross-unit inversion",
+			in:      movedKeyWith(r1AckedAt(60, 61)),
+			want:    map[string]string{CheckKeyInversions: "1", CheckKeyReorders: "0", CheckOverlaps: "0", CheckP2: "0"},
+			example: map[string][]string{CheckKeyInversions: {"key k: row r2 (seq 2) first delivered on unit 0.9 by b-2-200", "before row r1 (seq 1) of unit 0.1 was acknowledged"}},
+		},
+		{
+			name:  "the same inversion in a run that declares no ordering is information",
+			in:    movedKeyWith(r1AckedAt(60, 61), ordering(OrderingNone)),
+			clean: true,
+			want:  map[string]string{CheckKeyInversions: "1"},
+		},
+		{
+			// The ack was sent at 45 and returned at 55; r2 came at 50. A
+			// barrier reading the ack floor may have seen it by then.
+			name:  "a row delivered while the earlier row's ack was in flight is not an inversion",
+			in:    movedKeyWith(r1AckedAt(45, 55)),
+			clean: true,
+			want:  map[string]string{CheckKeyInversions: "0"},
+		},
+		{
+			// a's first ack of r1 failed (the connection closed): NATS
+			// redelivered r1 at 56 and a acked it at 58, after r2.
+			name: "an ack that failed does not acknowledge its row",
+			in: movedKeyWith(proc(0, newProc("a-1-100", "a", 1).deliver("0.1", 1, "r1", 20).ack("0.1", 1, "r1", 40, 41).detail("nats: connection closed").
+				deliver("0.1", 1, "r1", 56).nd(2).ack("0.1", 1, "r1", 58, 59)), func(in *Input) {
+				in.Sink = append(in.Sink, write("r1", "0.1", "a", 1, 57))
+			}),
+			want:    map[string]string{CheckKeyInversions: "1", CheckDupExplained: "1 (0/0/1)"},
+			example: map[string][]string{CheckKeyInversions: {"row r1 (seq 1) of unit 0.1 was acknowledged at 2026-03-04T05:06:07.058"}},
+		},
+		{
+			// Both rows of k are in 0.1: a got r1, its handler outlived
+			// ack_wait, NATS redelivered r1 after a had delivered and acked
+			// r2. At-least-once, counted apart, not a violation.
+			name: "a redelivery within one unit is a reorder, not an inversion",
+			in: movedKeyWith(proc(0, newProc("a-1-100", "a", 1).deliver("0.1", 1, "r1", 20).
+				add(history.KindNak, "0.1", 1, "r1", 22, 23).
+				deliver("0.1", 1, "r2", 24).ack("0.1", 1, "r2", 26, 27).
+				deliver("0.1", 1, "r1", 30).nd(2).ack("0.1", 1, "r1", 32, 33)), func(in *Input) {
+				in.Processes[1] = newProc("b-2-200", "b", 1).done()
+				in.Sink = []SinkWrite{write("r1", "0.1", "a", 1, 31), write("r2", "0.1", "a", 1, 25)}
+				in.Published = map[string]string{"r1": "0.1", "r2": "0.1"}
+			}),
+			clean: true,
+			want:  map[string]string{CheckKeyInversions: "0", CheckKeyReorders: "1"},
+		},
+		{
+			name:    "ordering PerKey with no keyed row delivered fails: no evidence, no verdict",
+			in:      with(ordering(OrderingPerKey)),
+			want:    map[string]string{CheckKeyInversions: "1"},
+			example: map[string][]string{CheckKeyInversions: {"declares ordering PerKey, but no row with a key"}},
+		},
+		{
+			name:    "an ordering the checker does not know fails",
+			in:      movedKeyWith(ordering("perkey")),
+			want:    map[string]string{CheckKeyInversions: "1"},
+			example: map[string][]string{CheckKeyInversions: {`Input.Ordering "perkey" is neither None nor PerKey`}},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := Check(tc.in)

@@ -25,6 +25,8 @@ const (
 	CheckDupExplained      = "duplicates explained (takeover/reset/redelivery)"
 	CheckDupUnexplained    = "duplicates unexplained"
 	CheckPulledByTwo       = "units pulled by two processes (fetches)"
+	CheckKeyInversions     = "per-key inversions across units"
+	CheckKeyReorders       = "per-key reorders within a unit (redelivery)"
 )
 
 // CheckNames returns the checks in Table order.
@@ -34,6 +36,7 @@ func CheckNames() []string {
 		CheckStaleDeliveries, CheckStaleAcks, CheckStaleWrites,
 		CheckP2, CheckP5, CheckLost, CheckHistories, CheckUnrecorded,
 		CheckDupExplained, CheckDupUnexplained, CheckPulledByTwo,
+		CheckKeyInversions, CheckKeyReorders,
 	}
 }
 
@@ -70,6 +73,8 @@ type Verdict struct {
 	Settles     int // ack, nak and term records
 	LoneSettles int // settles that followed no delivery of their row
 	Withheld    int // withheld rows that were never delivered
+	KeyedRows   int // delivered rows with a key and sequence (Input.Keys)
+	Keys        int // keys of KeyedRows
 	Fetches     int
 	ClaimEvents int
 	Leases      int
@@ -110,6 +115,21 @@ type Verdict struct {
 	DupReset       int // explained by a RESET
 	DupRedelivery  int // explained by NATS's delivery count
 	DupUnexplained int
+
+	// OrderingPerKey says the run declared ordering PerKey, so cross-unit
+	// inversions fail it; otherwise they are reported as information.
+	// KeyOrderNA: no keyed row was delivered (with PerKey that fails).
+	OrderingPerKey, KeyOrderNA bool
+	// KeyInversions counts rows first delivered before an earlier row of
+	// their key, of another unit, was acknowledged; KeysInverted the keys
+	// with at least one. KeyReorders counts rows first delivered before
+	// an earlier row of their key and of their own unit was acknowledged
+	// (NATS's redelivery), and never fails.
+	KeyInversions, KeysInverted, KeyReorders int
+	// KeyInversionExamples describes the first inversion of each of the
+	// first few inverted keys (in key order), whatever the ordering:
+	// under None they are not violations.
+	KeyInversionExamples []string
 
 	// Violations holds the earliest few examples of each failed check,
 	// ordered by instant, lost rows (which have none) last.
@@ -155,7 +175,26 @@ func (v Verdict) Lines() []Line {
 		{CheckDupExplained, fmt.Sprintf("%d (%d/%d/%d)", explained, v.DupTakeover, v.DupReset, v.DupRedelivery), OK},
 		countLine(CheckDupUnexplained, v.DupUnexplained, false),
 		{CheckPulledByTwo, fmt.Sprint(v.UnitsPulledByTwo), Info},
+		v.keyInversionLine(),
+		infoLine(CheckKeyReorders, v.KeyReorders, v.KeyOrderNA),
 	}
+}
+
+// keyInversionLine is a check only for a run that declared ordering
+// PerKey; otherwise it reports what a change did to keys' order.
+func (v Verdict) keyInversionLine() Line {
+	if v.OrderingPerKey {
+		return countLine(CheckKeyInversions, v.KeyInversions, false)
+	}
+	return infoLine(CheckKeyInversions, v.KeyInversions, v.KeyOrderNA)
+}
+
+// infoLine is the line of a measurement that never fails.
+func infoLine(check string, n int, na bool) Line {
+	if na {
+		return Line{check, string(NA), NA}
+	}
+	return Line{check, fmt.Sprint(n), Info}
 }
 
 // countLine is the line of a check that fails on any violation.
@@ -198,8 +237,13 @@ func (v Verdict) Table() string {
 }
 
 func (v Verdict) evidence() string {
-	return fmt.Sprintf("%d processes of %d expected (%d truncated), %d deliveries, %d settles (%d lone), %d withheld, %d fetches, %d claim events, %d lease events, %d epochs, %d sink writes, %d published",
-		v.Processes, v.Expected, v.Truncated, v.Deliveries, v.Settles, v.LoneSettles, v.Withheld, v.Fetches, v.ClaimEvents, v.Leases, v.Epochs, v.SinkWrites, v.Published)
+	ordering := OrderingNone
+	if v.OrderingPerKey {
+		ordering = OrderingPerKey
+	}
+	return fmt.Sprintf("%d processes of %d expected (%d truncated), %d deliveries, %d settles (%d lone), %d withheld, %d fetches, %d claim events, %d lease events, %d epochs, %d sink writes, %d published, %d keyed rows of %d keys (%d inverted, ordering %s)",
+		v.Processes, v.Expected, v.Truncated, v.Deliveries, v.Settles, v.LoneSettles, v.Withheld, v.Fetches, v.ClaimEvents, v.Leases, v.Epochs, v.SinkWrites, v.Published,
+		v.KeyedRows, v.Keys, v.KeysInverted, ordering)
 }
 
 // SideBySide renders verdicts as columns under titles (e.g. "sequenced",

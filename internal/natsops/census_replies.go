@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -158,7 +159,7 @@ func gather(ctx context.Context, nc *nats.Conn, subject string, body []byte, tim
 
 // gatherZ pings every server for a monitoring endpoint and returns the
 // replies by server name, stopping once want servers answered.
-func gatherZ[T any](ctx context.Context, nc *nats.Conn, endpoint string, req any, want int, timeout time.Duration) (map[string]zReply[T], error) {
+func gatherZ[T any](ctx context.Context, nc *nats.Conn, cost *censusCost, endpoint string, req any, want int, timeout time.Duration) (map[string]zReply[T], error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -169,13 +170,14 @@ func gatherZ[T any](ctx context.Context, nc *nats.Conn, endpoint string, req any
 		if json.Unmarshal(m.Data, &r) == nil && r.Server.Name != "" {
 			got[r.Server.Name] = r
 		}
+		cost.add(len(m.Data), 0)
 		return len(got) >= want
 	})
 	return got, err
 }
 
 // requestZ asks one server, by ID, for a monitoring endpoint.
-func requestZ[T any](ctx context.Context, nc *nats.Conn, serverID, endpoint string, req any, timeout time.Duration) (*zReply[T], error) {
+func requestZ[T any](ctx context.Context, nc *nats.Conn, cost *censusCost, serverID, endpoint string, req any, timeout time.Duration) (*zReply[T], error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -186,6 +188,7 @@ func requestZ[T any](ctx context.Context, nc *nats.Conn, serverID, endpoint stri
 	if err != nil {
 		return nil, fmt.Errorf("request %s of server %s: %w", endpoint, serverID, err)
 	}
+	cost.add(len(m.Data), 0)
 	var r zReply[T]
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return nil, fmt.Errorf("decode %s of server %s: %w", endpoint, serverID, err)
@@ -194,4 +197,28 @@ func requestZ[T any](ctx context.Context, nc *nats.Conn, serverID, endpoint stri
 		return &r, fmt.Errorf("%s of server %s: %s", endpoint, serverID, r.Error.Description)
 	}
 	return &r, nil
+}
+
+// censusCost counts what a census read, for CensusRead.
+type censusCost struct {
+	mu        sync.Mutex
+	replies   int
+	bytes     int64
+	consumers int
+}
+
+// add counts one reply of n bytes that held consumers consumer entries.
+func (c *censusCost) add(n, consumers int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.replies++
+	c.bytes += int64(n)
+	c.consumers += consumers
+}
+
+// addConsumers counts consumer entries of replies already counted.
+func (c *censusCost) addConsumers(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.consumers += n
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/shardkeeper/shardkeeper/internal/testbed/natstest"
 )
@@ -18,11 +19,35 @@ func TestCensusSeesEveryServerOfTheCluster(t *testing.T) {
 	l := testLayout(2, 2, 3)
 	mustProvision(t, c.Connect(-1), l)
 
-	census, err := TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(1), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name      string
+		opts      func(t *testing.T) CensusOptions
+		placement string
+	}{
+		{"placed from the streams' listings", func(t *testing.T) CensusOptions {
+			return CensusOptions{JetStream: natstest.ConnectURL(t, c.URLs()[2], natstest.AppUser, natstest.AppPassword), Consumers: l.Consumers()}
+		}, "consumer-list"},
+		{"placed from every server's JSZ", func(*testing.T) CensusOptions {
+			return CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()}
+		}, "jsz"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			census, err := TakeCensus(testContext(t, 10*time.Second), natstest.ConnectURL(t, c.URLs()[1], natstest.SysUser, natstest.SysPassword), tc.opts(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			logCensus(t, census)
+			if census.Read.Placement != tc.placement {
+				t.Fatalf("placement from %q, want %q", census.Read.Placement, tc.placement)
+			}
+			checkCensusOfThreeServers(t, c, l, census)
+		})
 	}
-	logCensus(t, census)
+}
+
+// checkCensusOfThreeServers checks a census of c with l's consumers.
+func checkCensusOfThreeServers(t *testing.T, c *natstest.Cluster, l Layout, census *Census) {
+	t.Helper()
 	if len(census.Servers) != 3 || !census.FloorMet() || census.MinVersion != server.VERSION {
 		t.Fatalf("census %+v: want 3 servers at %s meeting the floor", census, server.VERSION)
 	}
@@ -62,7 +87,7 @@ func TestCensusCountsAServerThatDoesNotAnswerAsBelowTheFloor(t *testing.T) {
 	c.Servers[2].WaitForShutdown()
 
 	sys := c.ConnectSys(0)
-	census, err := TakeCensus(testContext(t, 10*time.Second), sys, CensusOptions{Timeout: 500 * time.Millisecond, Account: natstest.AppAccount, Consumers: l.Consumers()})
+	census, err := TakeCensus(testContext(t, 20*time.Second), sys, CensusOptions{Timeout: 500 * time.Millisecond, JetStream: c.Connect(0), Consumers: l.Consumers()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +192,7 @@ func TestCensusReportsEachConsumersPendingRows(t *testing.T) {
 	var census *Census
 	eventually(t, 10*time.Second, "the census to count 2 pending and 1 unacknowledged row of unit 0.1", func() bool {
 		var err error
-		census, err = TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(0), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+		census, err = TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(0), CensusOptions{JetStream: nc, Consumers: l.Consumers()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,8 +211,9 @@ func TestCensusReportsEachConsumersPendingRows(t *testing.T) {
 // checks P4
 func TestCensusTakesAStandaloneServerAsTheLeaderOfTheConsumersItHosts(t *testing.T) {
 	c := natstest.StartCluster(t, 1)
+	nc := c.Connect(0)
 	l := testLayout(1, 2, 1)
-	mustProvision(t, c.Connect(0), l)
+	mustProvision(t, nc, l)
 
 	for _, tc := range []struct {
 		name    string
@@ -198,7 +224,7 @@ func TestCensusTakesAStandaloneServerAsTheLeaderOfTheConsumersItHosts(t *testing
 		{name: "a floor above the server still refuses", floor: "99.0.0", allowed: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			census, err := TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(0), CensusOptions{Floor: tc.floor, Account: natstest.AppAccount, Consumers: l.Consumers()})
+			census, err := TakeCensus(testContext(t, 10*time.Second), c.ConnectSys(0), CensusOptions{Floor: tc.floor, JetStream: nc, Consumers: l.Consumers()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -274,5 +300,103 @@ func TestCensusCountsAMetaGroupMemberNobodyNamesAsBelowTheFloor(t *testing.T) {
 		reply("n3", 3, &metaInfo{Name: "_meta_", Leader: "n1", Size: 3}))
 	if !healthy.FloorMet() || len(healthy.Findings) != 0 {
 		t.Fatalf("every member answered: floor met %t, below %v, findings %v", healthy.FloorMet(), healthy.BelowFloor, healthy.Findings)
+	}
+}
+
+// A topology's census lists its own streams' consumers: on a cluster that
+// holds thousands of other consumers in the same account, it decodes its
+// own and reads what it read before they existed, while JSZ, which has no
+// stream filter, reads them all.
+//
+// checks P4
+func TestCensusOfATopologyDoesNotReadOtherConsumers(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	nc := c.Connect(-1)
+	sys := c.ConnectSys(0)
+	l := testLayout(2, 4, 3)
+	mustProvision(t, nc, l)
+	census := func() *Census {
+		t.Helper()
+		cs, err := TakeCensus(testContext(t, 20*time.Second), sys, CensusOptions{JetStream: nc, Consumers: l.Consumers()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !cs.FloorMet() || len(cs.Findings) != 0 {
+			t.Fatalf("census: floor met %v, findings %v", cs.FloorMet(), cs.Findings)
+		}
+		for _, p := range cs.Consumers {
+			if !p.Found || len(p.Hosts()) != 3 {
+				t.Fatalf("placement %+v, want a leader and two replicas", p)
+			}
+		}
+		return cs
+	}
+	alone := census()
+
+	// Two other topologies' 2,000 R1 consumers in the same account.
+	const others = 2000
+	for range 2 {
+		o := testLayout(2, others/4, 1)
+		mustProvision(t, nc, o)
+	}
+	crowded := census()
+	jsz, err := TakeCensus(testContext(t, 20*time.Second), sys, CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("census of %d consumers: alone %+v; beside %d others %+v; the same from JSZ %+v", len(l.Consumers()), alone.Read, others, crowded.Read, jsz.Read)
+	// The fault this guards against is visible: JSZ reads the crowd.
+	if jsz.Read.Consumers < others {
+		t.Fatalf("the JSZ census decoded %d consumers: the cluster does not hold the %d others this test needs", jsz.Read.Consumers, others)
+	}
+	for _, cs := range []*Census{alone, crowded} {
+		if cs.Read.Placement != "consumer-list" || cs.Read.Consumers != len(l.Consumers()) {
+			t.Fatalf("census read %+v: want only its own %d consumers, from their streams' listings", cs.Read, len(l.Consumers()))
+		}
+	}
+	if crowded.Read.Bytes > alone.Read.Bytes*3/2 {
+		t.Fatalf("census read %d bytes beside %d other consumers, %d alone: its cost grows with them", crowded.Read.Bytes, others, alone.Read.Bytes)
+	}
+}
+
+// A listing that never answers (here a subscriber that swallows the
+// requests, as a meta leader waiting for consumers' leaders would, for
+// longer) ends before the caller's deadline: the census is still judged,
+// fails closed for the unlisted consumers, and names the stream.
+//
+// checks P4
+func TestCensusEndsAHangingListingBeforeItsDeadline(t *testing.T) {
+	// No JetStream on the server, so only the swallower answers (and
+	// never does) the listing in the application account.
+	c := natstest.StartClusterWith(t, 1, func(_ int, cfg *natstest.ServerConfig) { cfg.NoJetStream = true })
+	sys := c.ConnectSys(0)
+	swallower := c.Connect(0)
+	if _, err := swallower.Subscribe("$JS.API.CONSUMER.LIST.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := swallower.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ref := ConsumerRef{Stream: "HANGS", Name: "ingest_0_0"}
+	const deadline = 3 * time.Second
+	start := time.Now()
+	census, err := TakeCensus(testContext(t, deadline), sys, CensusOptions{Timeout: 300 * time.Millisecond, JetStream: c.Connect(0), Consumers: []ConsumerRef{ref}})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("census with a hanging listing: %v after %s, want a census judged before the %s deadline", err, took, deadline)
+	}
+	logCensus(t, census)
+	// The fault took effect: the listing hung until the census cut it.
+	if took < deadline/2 || took >= deadline {
+		t.Fatalf("census took %s: want the listing to hang past half the %s deadline and be cut before it", took, deadline)
+	}
+	if p, _ := census.Consumer(ref.Stream, ref.Name); p.Found {
+		t.Fatalf("placement %+v of a consumer whose listing never answered", p)
+	}
+	if !hasFinding(census, "stream HANGS: its consumers could not all be listed") {
+		t.Fatalf("findings %v, want one naming the stream that was not listed", census.Findings)
+	}
+	if err := census.AllowReset(ref.Stream, ref.Name, time.Minute); !errors.Is(err, ErrRefused) {
+		t.Fatalf("RESET of the unlisted consumer: %v, want refused", err)
 	}
 }

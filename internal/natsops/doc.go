@@ -33,17 +33,24 @@
 //
 // The census (TakeCensus) reads every server's version through the system
 // account: STATSZ pinged to all servers until as many answer as they say
-// exist (active_servers), the meta leaders' JSZ for their peers, every
-// server's LEAFZ for leafnode hubs and spokes, and every server's JSZ for
-// the leader and replicas of the unit consumers, with each consumer's
-// pending and unacknowledged rows as its leader reports them. It fails closed: a server
-// that should answer and does not (a meta or route peer, a consumer host,
-// a leafnode hub, a server counted by active_servers) is listed with
-// version "unknown" and is below the floor, and so is a version that does
-// not parse. The connected server's version alone proves nothing. A
-// leafnode spoke that does not bind the system account and hosts no
-// inspected consumer is listed but not counted: it cannot take part in a
-// RESET.
+// exist (active_servers), the meta leaders' JSZ (no account details) for
+// their peers, and every server's LEAFZ for leafnode hubs and spokes. It
+// places the unit consumers, with each consumer's pending and
+// unacknowledged rows as its leader reports them, by listing their
+// streams' consumers ($JS.API.CONSUMER.LIST.<stream>) through a connection
+// in their account (CensusOptions.JetStream): it reads its own streams
+// only, so a topology's census costs what its consumers cost, however many
+// other consumers the NATS cluster holds (Census.Read counts what it
+// read). Without that connection it falls back to every server's JSZ,
+// which reads every consumer of the account or of every account. It fails
+// closed: a server that should answer and does not (a meta or route peer,
+// a consumer's leader or replica, a leafnode hub, a server counted by
+// active_servers) is listed with version "unknown" and is below the
+// floor, and so is a version that does not parse; a consumer whose stream
+// could not be listed, or that the listing names missing, is not found.
+// The connected server's version alone proves nothing. A leafnode spoke
+// that does not bind the system account and hosts no inspected consumer
+// is listed but not counted: it cannot take part in a RESET.
 //
 // The guard (Census.Allow) allows RESET or UNPIN of a consumer only when a
 // census younger than a given age shows the consumer's leader, every

@@ -153,7 +153,7 @@ func TestGuardedResetOfAnR3ConsumerChecksItsCurrentHosts(t *testing.T) {
 		t.Fatalf("before: ack pending %d, groups %+v; want 5 rows held by a pinned client", ci.NumAckPending, ci.PriorityGroups)
 	}
 	ctx := testContext(t, 30*time.Second)
-	census, err := TakeCensus(ctx, c.ConnectSys(0), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+	census, err := TakeCensus(ctx, c.ConnectSys(0), CensusOptions{JetStream: nc, Consumers: l.Consumers()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package natsops
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -49,17 +50,42 @@ func mustJetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 // see one online).
 func mustProvision(t testing.TB, nc *nats.Conn, l Layout) *Report {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	// Provision is idempotent, so an attempt that timed out (R3 consumers
+	// are slow to create on a loaded box: a cold make test beside other
+	// builds timed out creating 64) is simply made again.
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		rep, err := Provision(testContext(t, 20*time.Second), nc, l)
+		rep, err := Provision(testContext(t, 30*time.Second), nc, l)
 		if err == nil {
+			waitStreamLeaders(t, nc, l, time.Until(deadline))
 			return rep
 		}
 		young := strings.Contains(err.Error(), "insufficient resources") || strings.Contains(err.Error(), "no suitable peers")
-		if time.Now().After(deadline) || !young {
+		if time.Now().After(deadline) || !(young || errors.Is(err, context.DeadlineExceeded)) {
 			t.Fatalf("provision: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitStreamLeaders waits until every stream of l has elected a leader.
+// A stream answers its creation before its raft group has a leader, and a
+// publish in that gap gets no response (a clean-clone CI run on a loaded box
+// saw one); the tests publish right after provisioning.
+func waitStreamLeaders(t testing.TB, nc *nats.Conn, l Layout, within time.Duration) {
+	t.Helper()
+	js := mustJetStream(t, nc)
+	for p := range l.Partitions {
+		eventually(t, max(within, 20*time.Second), "stream "+l.StreamName(p)+" has a leader", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			st, err := js.Stream(ctx, l.StreamName(p))
+			if err != nil {
+				return false
+			}
+			info, err := st.Info(ctx)
+			return err == nil && (info.Cluster == nil || info.Cluster.Leader != "")
+		})
 	}
 }
 

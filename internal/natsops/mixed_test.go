@@ -34,7 +34,7 @@ func TestMixedClusterCensusNamesThe212ServerAndRefusesResetOfEveryConsumer(t *te
 	l := testLayout(2, 2, 3)
 	mustProvision(t, nc, l)
 
-	census, err := TakeCensus(testContext(t, 20*time.Second), c.ConnectSys(0), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+	census, err := TakeCensus(testContext(t, 20*time.Second), c.ConnectSys(0), CensusOptions{JetStream: nc, Consumers: l.Consumers()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestGuardedResetOnAll214ServersRedeliversAtOnce(t *testing.T) {
 		t.Fatal("the row was never delivered")
 	}
 	// The owner "dies" holding it unacked.
-	census, err := TakeCensus(ctx, c.ConnectSys(1), CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+	census, err := TakeCensus(ctx, c.ConnectSys(1), CensusOptions{JetStream: nc, Consumers: l.Consumers()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +159,9 @@ func TestGuardedResetOnAll214ServersRedeliversAtOnce(t *testing.T) {
 func TestCensusThroughA214ServerIsNotFooledWhileA212MemberExists(t *testing.T) {
 	c := startMixedCluster(t)
 	old := c.Configs[oldServer].Name
+	nc := c.Connect(0)
 	l := testLayout(1, 2, 3)
-	mustProvision(t, c.Connect(0), l)
+	mustProvision(t, nc, l)
 	floor := MinResetVersion
 
 	for i := range 2 {
@@ -170,7 +171,7 @@ func TestCensusThroughA214ServerIsNotFooledWhileA212MemberExists(t *testing.T) {
 		if err != nil || !connected.AtLeast(floor) {
 			t.Fatalf("connected to %s at %q: the test needs a 2.14 server here", sys.ConnectedServerName(), sys.ConnectedServerVersion())
 		}
-		census, err := TakeCensus(testContext(t, 20*time.Second), sys, CensusOptions{Account: natstest.AppAccount, Consumers: l.Consumers()})
+		census, err := TakeCensus(testContext(t, 20*time.Second), sys, CensusOptions{JetStream: nc, Consumers: l.Consumers()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +271,7 @@ func TestUnguardedResetOnAnR3ConsumerWithA212Replica(t *testing.T) {
 	t.Logf("the 2.12.15 replica died (%v): %s", oldProc.ExitErr(), panicOf(oldProc.Log()))
 
 	// The census now counts it as unknown, and the guard refuses.
-	census, err := TakeCensus(testContext(t, 20*time.Second), c.ConnectSys(0), CensusOptions{Timeout: time.Second, Account: natstest.AppAccount, Consumers: l.Consumers()})
+	census, err := TakeCensus(testContext(t, 20*time.Second), c.ConnectSys(0), CensusOptions{Timeout: time.Second, JetStream: nc, Consumers: l.Consumers()})
 	if err != nil {
 		t.Fatal(err)
 	}

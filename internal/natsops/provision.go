@@ -79,7 +79,8 @@ func (r *Report) Refusals() []Finding {
 // streams.
 //
 // Under AssignByTransform, Provision also sets each stream's subject
-// transform to route over RoutedShards, which re-routes new rows at once:
+// transform to route over RoutedShards, which re-routes new rows at once
+// (a replicated stream's through switchTransform, its input paused):
 // provision a new shape with TransformShards set to the active shape's V
 // while the new shape is not active, and without it once it is. Every
 // shard the transform routes to gets a consumer, so a stream that a new
@@ -96,6 +97,13 @@ func (r *Report) Refusals() []Finding {
 // an *UnsafeConfigError (the report lists them as Unsafe findings), after
 // everything else was provisioned.
 func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
+	return ProvisionWith(ctx, nc, l, ProvisionOptions{})
+}
+
+// ProvisionWith is Provision with options: under AssignByTransform, a
+// change of a replicated stream's transform needs o.System (see
+// switchTransform).
+func ProvisionWith(ctx context.Context, nc *nats.Conn, l Layout, o ProvisionOptions) (*Report, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
@@ -113,7 +121,7 @@ func Provision(ctx context.Context, nc *nats.Conn, l Layout) (*Report, error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		f, err := provisionPartition(ctx, nc, l, p, maxc, rep)
+		f, err := provisionPartition(ctx, nc, l, o, p, maxc, rep)
 		foreign = append(foreign, f...)
 		if err != nil {
 			return rep, err
@@ -255,10 +263,10 @@ func inventory(ctx context.Context, nc *nats.Conn, l Layout, from int) (inventor
 // provisionPartition provisions partition p's stream (with max_consumers
 // maxc) and unit consumers and returns the consumers it left alone because
 // another topology owns them.
-func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p, maxc int, rep *Report) ([]ForeignObject, error) {
+func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, o ProvisionOptions, p, maxc int, rep *Report) ([]ForeignObject, error) {
 	jsa := jsAPI{nc}
 	name := l.StreamName(p)
-	meta, err := provisionStream(ctx, jsa, l, p, maxc, rep)
+	meta, err := provisionStream(ctx, jsa, l, o, p, maxc, rep)
 	if err != nil {
 		return nil, err
 	}
@@ -369,7 +377,7 @@ func provisionPartition(ctx context.Context, nc *nats.Conn, l Layout, p, maxc in
 // provisionStream creates or corrects partition p's stream, with
 // max_consumers maxc, and returns its metadata (where retired unit
 // consumers would resume).
-func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p, maxc int, rep *Report) (map[string]string, error) {
+func provisionStream(ctx context.Context, jsa jsAPI, l Layout, o ProvisionOptions, p, maxc int, rep *Report) (map[string]string, error) {
 	want := l.StreamConfig(p)
 	want.MaxConsumers = maxc
 	stream, err := jsa.streamInfo(ctx, want.Name)
@@ -384,6 +392,22 @@ func provisionStream(ctx context.Context, jsa jsAPI, l Layout, p, maxc int, rep 
 		return nil, fmt.Errorf("load stream %s: %w", want.Name, err)
 	}
 	got := stream.Config
+	// A replicated stream's transform changes only through the switch,
+	// which a stream found paused also finishes.
+	if l.Assignment == AssignByTransform && got.Replicas > 1 &&
+		(l.paused(p, got) || !sameTransform(got.SubjectTransform, want.SubjectTransform)) {
+		was := got
+		if got, err = switchTransform(ctx, jsa, o, l, p, got); err != nil {
+			return nil, err
+		}
+		fs, _ := streamDrift(got, was, true)
+		for _, f := range fs {
+			if f.Field == "subject_transform" {
+				rep.Findings = append(rep.Findings, f)
+			}
+		}
+		rep.Updated = append(rep.Updated, streamObject(want.Name))
+	}
 	fs, next := streamDrift(want, got, l.Assignment == AssignByTransform)
 	rep.Findings = append(rep.Findings, fs...)
 	if next == nil {

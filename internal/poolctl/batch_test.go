@@ -253,8 +253,13 @@ func TestClaimManyTakesAConstantNumberOfRoundTrips(t *testing.T) {
 			must(t, e)
 		}
 	})
-	if cold > 5 || warm > 5 || warm != small || one != warm {
-		t.Errorf("ClaimMany round trips: cold %d, warm %d (1000 units), %d (10 units), Claim %d; want at most 5, the same for any size",
+	// The proxy counts a flight each time the client writes after the
+	// server wrote: a 1000-unit pipeline still being written when the
+	// server answers its first statement counts one flight more (a cold
+	// make test under load saw 3 against 2), though the client waited for
+	// nothing. So one flight of slack; a per-unit cost would show hundreds.
+	if cold > 5 || warm > 5 || warm > small+1 || one > small+1 {
+		t.Errorf("ClaimMany round trips: cold %d, warm %d (1000 units), %d (10 units), Claim %d; want at most 5, the same for any size (one flight of slack)",
 			cold, warm, small, one)
 	}
 	if release > 2 {

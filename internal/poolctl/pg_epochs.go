@@ -17,7 +17,9 @@ const lockTopologySQL = `SELECT 1 FROM shardkeeper.topologies WHERE topology = $
 
 // createPendingSQL creates the pending epoch unless one is pending, and
 // returns the created epoch or the pending one.
-const createPendingSQL = `
+const createPendingSQL = createPendingCTEs + createPendingResult
+
+const createPendingCTEs = `
 	WITH pe AS (SELECT epoch, partitions, shards FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending'),
 	tp AS (SELECT 1 FROM shardkeeper.topologies WHERE topology = $1),
 	ins AS (
@@ -25,7 +27,9 @@ const createPendingSQL = `
 		SELECT $1, greatest(coalesce(max(epoch), 0), (SELECT epoch_floor FROM shardkeeper.topologies WHERE topology = $1)) + 1,
 		       $2, $3, 'pending', shardkeeper.clock($1) FROM shardkeeper.epochs
 		 WHERE topology = $1 HAVING NOT EXISTS (SELECT 1 FROM pe) AND EXISTS (SELECT 1 FROM tp)
-		RETURNING epoch)
+		RETURNING epoch)`
+
+const createPendingResult = `
 	SELECT EXISTS (SELECT 1 FROM tp), (SELECT epoch FROM ins), pe.epoch, pe.partitions, pe.shards
 	  FROM (SELECT 1) one LEFT JOIN pe ON true`
 
@@ -43,6 +47,15 @@ const floorRowsSQL = `
 // CreatePending implements Registry in one pipeline under the topology
 // row's lock.
 func (p *PG) CreatePending(ctx context.Context, topology string, partitions, shards int) (int64, error) {
+	return p.createPending(ctx, topology, partitions, shards, func(b *pgx.Batch) {
+		b.Queue(createPendingSQL, topology, partitions, shards)
+	})
+}
+
+// createPending creates the pending epoch with queueCreate's statement
+// (createPendingSQL, or one that also writes what the new epoch comes
+// with) between the topology row's lock and the claim floor rows.
+func (p *PG) createPending(ctx context.Context, topology string, partitions, shards int, queueCreate func(*pgx.Batch)) (int64, error) {
 	if err := checkShape(partitions, shards); err != nil {
 		return 0, err
 	}
@@ -53,7 +66,7 @@ func (p *PG) CreatePending(ctx context.Context, topology string, partitions, sha
 	)
 	err := p.opPipeline(ctx, topology, func(b *pgx.Batch) {
 		b.Queue(lockTopologySQL, topology)
-		b.Queue(createPendingSQL, topology, partitions, shards)
+		queueCreate(b)
 		b.Queue(floorRowsSQL, topology, partitions, shards)
 	}, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {

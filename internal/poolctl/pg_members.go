@@ -51,10 +51,7 @@ func (p *PG) renewOnce(ctx context.Context, m MemberRef) (Lease, error) {
 		WITH t AS (SELECT shardkeeper.clock(topology) AS now, `+paramsCols+` FROM shardkeeper.topologies WHERE topology = $1),
 		cur AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 		s AS (SELECT * FROM shardkeeper.registry_seq WHERE topology = $1),
-		mark AS (
-			UPDATE shardkeeper.registry_seq r SET behind_reason = 'a client has seen a later sequence', behind_seen = $4
-			 WHERE r.topology = $1 AND r.seq < $4 AND r.behind_reason IS NULL
-			RETURNING r.behind_reason),
+		mark AS (SELECT shardkeeper.report_seen($1, $4) AS behind_reason),
 		upd AS (
 			UPDATE shardkeeper.members m SET lease_expires_at = t.now + t.lease_ttl FROM t
 			 WHERE m.topology = $1 AND m.member = $2 AND m.incarnation = $3

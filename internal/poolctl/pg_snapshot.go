@@ -34,6 +34,12 @@ var snapshotSQL = `
 	     FROM shardkeeper.members m WHERE m.topology = t.topology),
 	  (SELECT coalesce(json_agg(ru.unit ORDER BY ru.unit COLLATE "C"), '[]'::json)
 	     FROM shardkeeper.retiring_units ru WHERE ru.topology = t.topology),
+	  (SELECT coalesce(json_agg(json_build_object(
+	      'epoch', b.epoch, 'from', b.from_shards, 'to', b.to_shards, 'partition', b.partition, 'predecessor', b.predecessor,
+	      'before', b.before_seq, 'switch', b.switch_seq, 'liftedAt', b.lifted_at) ORDER BY b.partition, b.predecessor), '[]'::json)
+	     FROM shardkeeper.order_barriers b
+	     JOIN shardkeeper.epochs e ON e.topology = b.topology AND e.epoch = b.epoch AND e.state IN ('active', 'pending')
+	    WHERE b.topology = t.topology),
 	  r.allowed, r.census_taken_at, r.reason, r.floor, r.servers, k.held, k.handover, k.free
 	FROM t
 	LEFT JOIN shardkeeper.reset_permissions r ON r.topology = t.topology
@@ -73,13 +79,13 @@ func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 func scanSnapshot(row pgx.Row, topology string) (Snapshot, error) {
 	s := Snapshot{Topology: topology}
 	var (
-		epochsJSON, membersJSON, retiringJSON []byte
-		allowed                               *bool
-		takenAt                               *time.Time
-		reason, floor                         *string
-		servers                               map[string]string
+		epochsJSON, membersJSON, retiringJSON, barrierJSON []byte
+		allowed                                            *bool
+		takenAt                                            *time.Time
+		reason, floor                                      *string
+		servers                                            map[string]string
 	)
-	err := row.Scan(scanAll([]any{&s.Now}, paramsDest(&s.Params), []any{&epochsJSON, &membersJSON, &retiringJSON, &allowed, &takenAt, &reason,
+	err := row.Scan(scanAll([]any{&s.Now}, paramsDest(&s.Params), []any{&epochsJSON, &membersJSON, &retiringJSON, &barrierJSON, &allowed, &takenAt, &reason,
 		&floor, &servers, &s.Counts.Held, &s.Counts.Handover, &s.Counts.Free})...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Snapshot{}, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
@@ -102,6 +108,11 @@ func scanSnapshot(row pgx.Row, topology string) (Snapshot, error) {
 	if len(s.Retiring) == 0 {
 		s.Retiring = nil
 	}
+	var barrier []barrierRow
+	if err := json.Unmarshal(barrierJSON, &barrier); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot of %s: decode the order barrier: %w", topology, err)
+	}
+	s.Barrier = barrierOf(barrier)
 	for _, e := range epochs {
 		ep := &Epoch{Number: e.Number, Partitions: e.Partitions, Shards: e.Shards, State: e.State}
 		switch e.State {
@@ -125,6 +136,9 @@ func scanSnapshot(row pgx.Row, topology string) (Snapshot, error) {
 	if allowed != nil {
 		s.Reset = ResetPermission{Allowed: *allowed, CensusAge: s.Now.Sub(*takenAt), Reason: *reason, Published: true,
 			Floor: *floor, Servers: serversOrNil(servers)}
+	}
+	if pgMutation.hidePendingBarrier && s.Barrier != nil && (s.Active == nil || s.Barrier.Epoch != s.Active.Number) {
+		s.Barrier = nil
 	}
 	return s, nil
 }

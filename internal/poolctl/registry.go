@@ -478,6 +478,15 @@ type Snapshot struct {
 	Counts  Counts
 	// Retiring is the retiring set (SetRetiring), sorted.
 	Retiring []string
+	// Barrier is the order barrier (OrderBarriers) of the active or the
+	// pending epoch, nil when neither has one. It is read in the same
+	// statement as Active and Pending, and a PerKey change's pending
+	// epoch is written with its barrier (CreateOrderedPending): a worker
+	// that sees the epoch pending, and acknowledges its freeze, sees the
+	// barrier too, before the activation moves the transform. A pending
+	// epoch's barrier holds nothing yet: until the transform moves, no
+	// moved key's row reaches a new unit.
+	Barrier *OrderBarrier
 }
 
 // Member returns the named member, or nil.

@@ -132,11 +132,7 @@ func (p *PG) NoteSeq(topology string, seq int64) { p.marks.note(topology, seq) }
 // It returns the sequence and the behind state after the statement.
 const checkSeqSQL = `
 	WITH s AS (SELECT * FROM shardkeeper.registry_seq WHERE topology = $1),
-	mark AS (
-		UPDATE shardkeeper.registry_seq r SET behind_reason = coalesce(r.behind_reason, 'a client has seen a later sequence'),
-		       behind_seen = greatest(r.behind_seen, $2)
-		 WHERE r.topology = $1 AND r.seq < $2
-		RETURNING r.behind_reason)
+	mark AS (SELECT shardkeeper.report_seen($1, $2) AS behind_reason)
 	SELECT coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(),
 	       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $2),
 	       coalesce(o.epoch, 0), coalesce(o.holder, '')

@@ -43,7 +43,10 @@ type twinTopology struct {
 	retiring map[string]bool
 	activity map[[2]string]ActivityReport // (member, unit) -> latest report
 	reset    *twinReset
-	history  twinHistory
+	// barrier are the order barrier's rows, sorted by epoch, partition
+	// and predecessor (twin_barrier.go).
+	barrier []barrierRow
+	history twinHistory
 }
 
 type twinReset struct {

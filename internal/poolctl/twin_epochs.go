@@ -9,6 +9,13 @@ import (
 
 // CreatePending implements Registry.
 func (t *Twin) CreatePending(_ context.Context, topology string, partitions, shards int) (int64, error) {
+	return t.createPendingWith(topology, partitions, shards, func(*twinTopology, int64) {})
+}
+
+// createPendingWith is CreatePending that runs with on the topology, under
+// the same lock, when it creates the epoch (not when one of that shape is
+// pending already).
+func (t *Twin) createPendingWith(topology string, partitions, shards int, with func(tp *twinTopology, epoch int64)) (int64, error) {
 	if err := checkShape(partitions, shards); err != nil {
 		return 0, err
 	}
@@ -21,20 +28,30 @@ func (t *Twin) CreatePending(_ context.Context, topology string, partitions, sha
 	if err != nil {
 		return 0, err
 	}
+	n, created, err := tp.createPending(partitions, shards)
+	if err == nil && created {
+		with(tp, n)
+	}
+	return n, err
+}
+
+// createPending is CreatePending on tp, with t.mu held and the operator
+// checked; created says the epoch is new.
+func (tp *twinTopology) createPending(partitions, shards int) (n int64, created bool, err error) {
 	var last int64
 	for _, e := range tp.epochs {
 		if e.State == EpochPending {
 			if e.Partitions == partitions && e.Shards == shards {
-				return e.Number, nil
+				return e.Number, false, nil
 			}
-			return 0, fmt.Errorf("create epoch %dx%d while epoch %d (%dx%d) is pending: %w",
+			return 0, false, fmt.Errorf("create epoch %dx%d while epoch %d (%dx%d) is pending: %w",
 				partitions, shards, e.Number, e.Partitions, e.Shards, ErrPendingExists)
 		}
 		last = max(last, e.Number)
 	}
 	e := &epochRow{Number: last + 1, Partitions: partitions, Shards: shards, State: EpochPending}
 	tp.epochs[e.Number] = e
-	return e.Number, nil
+	return e.Number, true, nil
 }
 
 // AckFreeze implements Registry.
@@ -200,6 +217,9 @@ func (t *Twin) snapshot(topology string) (Snapshot, error) {
 			s.Counts.Free++
 		}
 	}
+	s.Barrier = tp.barrierOf(func(e int64) bool {
+		return s.Active != nil && e == s.Active.Number || s.Pending != nil && e == s.Pending.Number && !t.mutation.hidePendingBarrier
+	})
 	if r := tp.reset; r != nil {
 		s.Reset = ResetPermission{Allowed: r.allowed, CensusAge: now.Sub(r.takenAt), Reason: r.reason, Published: true,
 			Floor: r.floor, Servers: copyServers(r.servers)}

@@ -16,6 +16,9 @@ func init() {
 type twinMutation struct {
 	adoptLive bool // adopt while the owner's lease is live
 	noGrace   bool // adopt (and re-home, and lift fences) with no grace
+	// hidePendingBarrier: snapshots show a barrier only once its epoch
+	// is active, as when the operator wrote it at the activation.
+	hidePendingBarrier bool
 }
 
 func (t *Twin) mutate(name string) error {
@@ -26,8 +29,10 @@ func (t *Twin) mutate(name string) error {
 		t.mutation.adoptLive = true
 	case "no-grace":
 		t.mutation.noGrace = true
+	case "barrier-hidden-while-pending":
+		t.mutation.hidePendingBarrier = true
 	default:
-		return fmt.Errorf("twin mutation %q: want adopt-while-lease-live or no-grace: %w", name, ErrInvalid)
+		return fmt.Errorf("twin mutation %q: want adopt-while-lease-live, no-grace or barrier-hidden-while-pending: %w", name, ErrInvalid)
 	}
 	return nil
 }

@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/pkg/history"
+	"github.com/shardkeeper/shardkeeper/pkg/worker"
 )
 
 // The pull windows the SDK reports (issue 21) are what the operator's
@@ -143,5 +147,70 @@ func TestAHandoversPullWindowsAreSequential(t *testing.T) {
 		}
 		t.Logf("a's window under epoch %d ended %s before b's opened (b claimed %s after a's last report)",
 			k.epoch, bw.from.Sub(w.to), claimed.Sub(w.to))
+	}
+}
+
+// A slow handler is progress, not a stall: a worker whose handler takes
+// 150 ms a row works through a batch of 20 rows for 3 s, longer than the
+// operator's stall bound (three renew intervals, 1.2 s here), and its
+// activity reports must show its pulls progressing throughout, or the
+// operator calls the unit stalled and Ready never comes while a slow sink
+// drains a backlog (seen in a cold make test's change of V 32 -> 48).
+// The fault took effect: one pull's batch took longer than the bound.
+func TestASlowHandlersUnitReportsPullProgressWithinTheStallBound(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 1})
+	ctx := context.Background()
+	const rows, batch, perRow = 40, 20, 150 * time.Millisecond
+	bound := 3 * f.Opts.Params.RenewInterval
+	var handled atomic.Int64
+	slow := func(ctx context.Context, _ worker.Row) worker.Settlement {
+		select {
+		case <-time.After(perRow):
+		case <-ctx.Done():
+		}
+		handled.Add(1)
+		return worker.Ack
+	}
+	a := startSDK(t, f, "a", slow, func(o *worker.Options) { o.FetchBatch = batch })
+	waitHolding(t, a, 30*time.Second, "0.0")
+	f.PublishBurst([]ownership.Unit{{Partition: 0, Shard: 0}}, rows)
+
+	// Every report made while rows are handled, judged as the operator
+	// does: how long before the report the pull last progressed.
+	var worst time.Duration
+	reports := map[time.Time]bool{}
+	fleettest.Eventually(t, time.Minute, func() error {
+		busy := handled.Load() < rows
+		acts, err := f.Registry.Activity(ctx, f.Topology)
+		if err != nil {
+			return err
+		}
+		for _, r := range acts {
+			if r.Unit != "0.0" || r.Member != "a" || r.LastFetch.IsZero() || !busy || handled.Load() == 0 {
+				continue
+			}
+			reports[r.ReportedAt] = true
+			worst = max(worst, r.ReportedAt.Sub(r.LastFetch))
+		}
+		if busy {
+			return fmt.Errorf("%d of %d rows handled", handled.Load(), rows)
+		}
+		return nil
+	})
+	var longest time.Duration
+	for _, r := range a.records(history.KindFetch, "0.0") {
+		if r.Rows > 0 {
+			longest = max(longest, time.Duration(r.End-r.Start))
+		}
+	}
+	if longest <= bound {
+		t.Fatalf("the longest pull with rows took %s, not longer than the stall bound %s: the handler was not slow enough to show anything", longest, bound)
+	}
+	if len(reports) < 3 {
+		t.Fatalf("%d activity reports sampled while rows were handled, want several", len(reports))
+	}
+	t.Logf("a pull took %s to handle; %d reports sampled meanwhile, the pulls' progress at most %s old (stall bound %s)", longest, len(reports), worst, bound)
+	if worst >= bound {
+		t.Fatalf("a report said the pull last progressed %s before it, not within the stall bound %s: the operator would call a slow but moving unit stalled", worst, bound)
 	}
 }

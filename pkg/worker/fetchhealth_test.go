@@ -145,7 +145,7 @@ func TestAVanishedConsumerIsLoggedCountedAndMakesTheWorkerNotReady(t *testing.T)
 	t.Logf("not ready %s after the deletion; %v failures, %d lines logged", notReadyAfter.Round(time.Millisecond), failures, logged)
 
 	// The consumer comes back as the operator provisions it.
-	if _, err := natsops.Provision(ctx, f.NATS.Connect(0), f.Layout); err != nil {
+	if _, err := f.Provision(ctx, f.Layout); err != nil {
 		t.Fatalf("provision again: %v", err)
 	}
 	fleettest.Eventually(t, 30*time.Second, s.w.Readiness)

@@ -22,6 +22,7 @@ type metrics struct {
 	// do not pay.
 	settled      [Abandon + 1]prometheus.Counter
 	rowsWithheld prometheus.Counter
+	rowsHeld     prometheus.Counter
 	drainNaks    prometheus.Counter
 	pendingRows  prometheus.Gauge
 	redeliveries prometheus.Counter
@@ -50,6 +51,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Rows settled, by settlement (ack, nak, term, abandon)."}, []string{"settlement"}),
 		rowsWithheld: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_withheld_total",
 			Help: "Rows neither delivered nor settled because the claim was lost or the member fenced."}),
+		rowsHeld: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_rows_held_total",
+			Help: "Rows of moved keys the order barrier held back until their old unit drained (spec.rollout.ordering PerKey)."}),
 		drainNaks: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardkeeper_worker_drain_timeout_naks_total",
 			Help: "Rows nak'd unhandled, for the next owner, because a handover's drain timed out."}),
 		pendingRows: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardkeeper_worker_pending_rows",
@@ -77,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.unitsHeld, m.fenced, m.fences, m.fencedSeconds, m.joins, m.renewFailures, m.rowsSettled,
-		m.rowsWithheld, m.drainNaks, m.pendingRows, m.redeliveries, m.takeovers, m.fetchErrors, m.handoverSeconds} {
+		m.rowsWithheld, m.rowsHeld, m.drainNaks, m.pendingRows, m.redeliveries, m.takeovers, m.fetchErrors, m.handoverSeconds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

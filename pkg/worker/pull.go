@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,24 @@ type puller struct {
 	// touches them.
 	failures int
 	loggedAt time.Duration
+
+	// held are rows of moved keys waiting for the order barrier (issue
+	// 24), in arrival order, and heldKeys counts them by key: a later row
+	// of a key waits behind its earlier ones. keptAt is when they were
+	// last kept from redelivery (InProgress), ackWait the consumer's.
+	// Only the puller's goroutine touches them.
+	held     []heldRow
+	heldKeys map[string]int
+	keptAt   time.Time
+	ackWait  time.Duration
+}
+
+// heldRow is a row the order barrier holds.
+type heldRow struct {
+	msg     jetstream.Msg
+	row     Row
+	key     string
+	fetched int64
 }
 
 // startPuller starts the puller the core asked for.
@@ -71,6 +90,7 @@ func (w *Worker) startPuller(a member.StartPuller) {
 		incarnation: a.Incarnation, under: a.Under, unpinFirst: a.Unpin, takeover: a.Takeover, from: a.From,
 		reset: a.Reset, resetReadAt: a.ResetReadAt,
 		ctx: ctx, kill: cancel, stopFetch: make(chan struct{}), done: make(chan struct{}),
+		heldKeys: map[string]int{},
 	}
 	w.pullers[a.Puller] = p
 	w.log.V(1).Info("Puller started", "unit", a.Unit.String(), "token", a.Token.Epoch,
@@ -81,6 +101,8 @@ func (w *Worker) startPuller(a member.StartPuller) {
 func (p *puller) run() {
 	defer func() {
 		p.endFailing()
+		p.releaseHeld()
+		p.handBackHeld()
 		close(p.done)
 		p.w.post(member.PullerStopped{Unit: p.unit, Puller: p.id, Withheld: p.withheld.Load() > 0,
 			DrainTimedOut: p.abandon.Load()})
@@ -91,6 +113,7 @@ func (p *puller) run() {
 	var cons jetstream.Consumer
 	backoff := newBackoff(50*time.Millisecond, 2*time.Second)
 	for p.fetching() {
+		p.releaseHeld()
 		if !p.mayDeliver() {
 			// Fenced, or the claim moved on and the core has not stopped
 			// this puller yet: a pull now would take the pin the new
@@ -109,6 +132,7 @@ func (p *puller) run() {
 				continue
 			}
 			cons = c
+			p.ackWait = c.CachedInfo().Config.AckWait
 		}
 		if err := p.fetchBatch(cons); err != nil {
 			// Another client still pinned, a leader election, a restart:
@@ -175,6 +199,7 @@ func (p *puller) prepare() bool {
 func (p *puller) unpinUntilAnswered() bool {
 	b := newBackoff(50*time.Millisecond, time.Second)
 	for p.fetching() {
+		p.releaseHeld()
 		if !p.mayDeliver() {
 			return false
 		}
@@ -197,18 +222,31 @@ func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 	if err != nil {
 		return err
 	}
-	rows := 0
+	rows, reported, reportedAt := 0, 0, time.Now()
 	for msg := range batch.Messages() {
 		rows++
 		p.handle(msg, start)
+		// A slow handler works through a batch for longer than the
+		// operator's stall bound; rows handled are progress, so they are
+		// reported as they go, not only once the batch is done.
+		if now := time.Now(); now.Sub(reportedAt) >= pullProgressEvery {
+			p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: rows - reported})
+			reported, reportedAt = rows, now
+		}
 	}
 	if rows == 0 && batch.Error() == nil {
 		p.pending.Store(0)
 	}
 	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
-	p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: rows})
+	p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: rows - reported})
 	return batch.Error()
 }
+
+// pullProgressEvery is how often a puller handling a batch reports the
+// rows handled so far (PullerFetched): well inside the operator's stall
+// bound (three renew intervals), so a unit whose handler is slow but
+// moving is not reported stalled; a handler stuck on one row still is.
+const pullProgressEvery = 100 * time.Millisecond
 
 // fetching reports whether the puller should issue another pull.
 func (p *puller) fetching() bool {
@@ -238,6 +276,20 @@ func (p *puller) handle(msg jetstream.Msg, fetched int64) {
 		p.withhold(row, p.now(), "claim lost or fenced before delivery")
 		return
 	}
+	// Without a barrier and nothing held, a row costs one more pointer
+	// read (delivery overhead, make bench row c).
+	if perm := p.w.perm.Load(); len(p.held) > 0 || (perm != nil && perm.Barrier != nil) {
+		if key := rowKey(row.Subject); p.heldKeys[key] > 0 || perm.Holds(p.unit, row.StreamSeq, key) {
+			p.hold(msg, row, key, fetched)
+			return
+		}
+	}
+	p.deliver(msg, row, fetched)
+}
+
+// deliver hands one row to the Handler and settles it. The caller checked
+// the claim.
+func (p *puller) deliver(msg jetstream.Msg, row Row, fetched int64) {
 	// Stamped after the check: Start is the instant delivery was allowed
 	// (pkg/history), so a pause between check and stamp cannot hide a
 	// delivery made after the claim moved.
@@ -251,6 +303,87 @@ func (p *puller) handle(msg jetstream.Msg, fetched int64) {
 	}
 	verdict := p.w.opts.Handler(p.ctx, row)
 	p.settle(msg, row, verdict)
+}
+
+// rowKey is a routed row's key: the subject's last token
+// (<prefix>.ingest.<p>.<s>.<key>).
+func rowKey(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}
+
+// hold keeps a row of a moved key back until its old unit is lifted: not
+// delivered, not settled, kept from redelivery (InProgress) while it
+// waits. It is delivered by releaseHeld, in arrival order, before any
+// later row of its key.
+func (p *puller) hold(msg jetstream.Msg, row Row, key string, fetched int64) {
+	if len(p.held) == 0 {
+		p.keptAt = time.Now()
+	}
+	p.held = append(p.held, heldRow{msg: msg, row: row, key: key, fetched: fetched})
+	p.heldKeys[key]++
+	p.w.metrics.rowsHeld.Inc()
+}
+
+// releaseHeld delivers, in arrival order, the held rows whose key's old
+// unit was lifted since, and keeps the others from redelivery. A row
+// stays held while an earlier row of its key does.
+func (p *puller) releaseHeld() {
+	if len(p.held) == 0 {
+		return
+	}
+	perm := p.w.perm.Load()
+	blocked := map[string]bool{}
+	var keep []heldRow
+	for i, h := range p.held {
+		if p.ctx.Err() != nil || p.abandon.Load() || !p.mayDeliver() {
+			keep = append(keep, p.held[i:]...)
+			break
+		}
+		if blocked[h.key] || perm.Holds(p.unit, h.row.StreamSeq, h.key) {
+			blocked[h.key] = true
+			keep = append(keep, h)
+			continue
+		}
+		if p.heldKeys[h.key]--; p.heldKeys[h.key] == 0 {
+			delete(p.heldKeys, h.key)
+		}
+		p.deliver(h.msg, h.row, h.fetched)
+	}
+	p.held = keep
+	p.keepHeld()
+}
+
+// keepHeld tells NATS the held rows are still being worked on, a third of
+// the consumer's ack wait after it last did, so none is redelivered while
+// it waits (a redelivery to this puller would come back out of order).
+func (p *puller) keepHeld() {
+	every := max(p.ackWait/3, 100*time.Millisecond)
+	if len(p.held) == 0 || time.Since(p.keptAt) < every || !p.mayDeliver() {
+		return
+	}
+	for _, h := range p.held {
+		if err := h.msg.InProgress(); err != nil {
+			p.w.log.V(1).Info("Keeping a held row failed", "unit", p.unit.String(), "streamSeq", h.row.StreamSeq, "error", err.Error())
+		}
+	}
+	p.keptAt = time.Now()
+}
+
+// handBackHeld naks the rows still held when the puller stops (a
+// handover, a drain), in order, so the next holder gets them at once and
+// holds them under the same barrier; withheld when the claim is lost.
+func (p *puller) handBackHeld() {
+	for _, h := range p.held {
+		if !p.mayDeliver() {
+			p.withhold(h.row, p.now(), "claim lost or fenced while the order barrier held the row")
+			continue
+		}
+		at := history.Now()
+		err := h.msg.Nak()
+		p.record(history.Record{Kind: history.KindNak, RowID: p.rowID(h.row), StreamSeq: h.row.StreamSeq,
+			NumDelivered: h.row.NumDelivered, Detail: errDetail(err, "held by the order barrier when the puller stopped"), Start: at, End: history.Now()})
+	}
+	p.held, p.heldKeys = nil, map[string]int{}
 }
 
 // settleUnhandled naks a row the drain gave up on, if the claim is still

@@ -330,6 +330,13 @@ func assertWorkerRoleRefused(t *testing.T, f *fleettest.Fleet, workerDSN string,
 		{"allow RESET under the current token", []string{forge, `INSERT INTO shardkeeper.reset_permissions
 			(topology, allowed, census_taken_at, reason, published_at) VALUES ($1, true, now(), 'forged', now())
 			ON CONFLICT (topology) DO UPDATE SET allowed = true, reason = 'forged'`}},
+		{"clear the registry's behind gate", []string{`UPDATE shardkeeper.registry_seq SET behind_reason = NULL, behind_seen = 0 WHERE topology = $1`}},
+		{"lower the registry's sequence", []string{`UPDATE shardkeeper.registry_seq SET seq = 0 WHERE topology = $1`}},
+		{"delete the registry's sequence", []string{`DELETE FROM shardkeeper.registry_seq WHERE topology = $1`}},
+		{"write an order barrier under the current token", []string{forge, `INSERT INTO shardkeeper.order_barriers
+			(topology, epoch, from_shards, to_shards, partition, predecessor, before_seq) VALUES ($1, 1, 4, 8, 0, 1, 0)`}},
+		{"lift the order barrier", []string{`UPDATE shardkeeper.order_barriers SET lifted_at = now() WHERE topology = $1`}},
+		{"delete the order barrier", []string{`DELETE FROM shardkeeper.order_barriers WHERE topology = $1`}},
 		{"rewrite the migration record", []string{`DELETE FROM shardkeeper.schema_migrations WHERE version >= 8`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -36,6 +36,9 @@ type specInput struct {
 	Assignment   topologyv1.ShardAssignment
 	VersionFloor string
 	AckWait      time.Duration
+	// Ordering is spec.rollout.ordering; the checker judges per-key order
+	// by it.
+	Ordering topologyv1.Ordering
 	// CleanCensus makes the scenario wait, before its fault, until the
 	// operator's census allows RESET: its assertions need a census that
 	// sees every server (after a nats-server is SIGKILLed, the cluster

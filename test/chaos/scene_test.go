@@ -23,6 +23,7 @@ import (
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
+	"github.com/shardkeeper/shardkeeper/internal/historycheck"
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -119,7 +120,7 @@ func newScene(t *testing.T, inf *infra, in specInput) *scene {
 		Partitions: in.From.Partitions, Shards: in.From.Shards, Params: s.params,
 		AckWait: in.ackWait(), DrainTimeout: drainTimeout, Topology: s.ns + "/ingest",
 		NATS: natsView{t: t, c: inf.nats}, PG: inf.pg, SubjectPrefix: prefix, RegistryDSN: in.RegistryDSN, RowPrefix: rowPrefix,
-		Assignment: natsops.ShardAssignment(in.Assignment),
+		Assignment: natsops.ShardAssignment(in.Assignment), Ordering: historycheck.Ordering(in.Ordering),
 	})
 	target := fmt.Sprintf("127.0.0.1:%d", inf.pg.Port)
 	if in.RegistryAddr != "" {
@@ -364,6 +365,7 @@ func (s *scene) createTopology() {
 				DrainTimeout:  &metav1.Duration{Duration: drainTimeout},
 				LeaseTTL:      &metav1.Duration{Duration: leaseTTL},
 				RenewInterval: &metav1.Duration{Duration: renewInterval},
+				Ordering:      in.Ordering,
 			},
 		},
 	}

@@ -484,7 +484,7 @@ func (f *failover) judge(published map[string]ownership.Unit, ready, began time.
 		ids[id] = u.String()
 	}
 	in, err := fleettest.Gather(ctx, fleettest.Source{HistoryDir: s.fleet.HistoryDir, DSN: s.fleet.DSN, Registry: h,
-		Topology: s.fleet.Topology, Expected: s.fleet.Expected()}, ids)
+		Topology: s.fleet.Topology, Expected: s.fleet.Expected(), Keys: s.fleet.Keyed()}, ids)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,11 @@ func (s *scene) flowBound() time.Duration { return leaseTTL + s.params.Grace + 5
 // so the others adopt the stopped worker's units meanwhile.
 func (s *scene) pauseLength() time.Duration { return leaseTTL + s.params.Grace + 3*time.Second }
 
+// pauseSinkDelay is how long each sink write waits before a pause: a row
+// seen in flight must still be in flight when the SIGSTOP lands, after
+// the histories are read again (a cold make test saw none at 2 s).
+const pauseSinkDelay = 5 * time.Second
+
 // pausedPastLease SIGSTOPs a worker past its lease and grace during a
 // freeze, during a claim step and during its own handover (a pod roll),
 // resumes it each time, and checks that the fault took effect (the pod
@@ -36,14 +41,14 @@ func pausedPastLease(freezeTo, claimTo ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		s.setShape(freezeTo)
 		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(freezeTo))
-		s.pauseAndCheck("ingest-1", "during the freeze", 2*time.Second)
+		s.pauseAndCheck("ingest-1", "during the freeze", pauseSinkDelay)
 		s.waitReady(freezeTo, readyTimeout)
 
 		s.setShape(claimTo)
 		s.awaitRegistry("the new epoch active with units unowned", time.Minute, func(sn poolctl.Snapshot) bool {
 			return activeIs(claimTo)(sn) && s.someUnowned(claimTo)
 		})
-		s.pauseAndCheck("ingest-0", "during the claim step", 2*time.Second)
+		s.pauseAndCheck("ingest-0", "during the claim step", pauseSinkDelay)
 		s.waitReady(claimTo, readyTimeout)
 
 		// Its own handover lasts while rows wait in its slow sink.
@@ -326,9 +331,11 @@ func killedAndRestarted(mid *ownership.Topology) func(*scene) {
 		}
 		s.disturb()
 		// A slow sink keeps rows in the handler, so the kill lands with
-		// rows in flight; the restarted process is not slow.
+		// rows in flight; the restarted process is not slow. Two seconds
+		// a row: at 200 ms a cold make test once saw the row awaitInFlight
+		// found settled before the SIGKILL landed, and none after it.
 		inc := s.incarnationOf(pod)
-		s.slowSink(pod, 200*time.Millisecond)
+		s.slowSink(pod, 2*time.Second)
 		s.awaitInFlight(pod)
 		held := len(s.unitsOf(pod))
 		old, _ := s.kubelet.Addr(pod)

@@ -2,7 +2,7 @@
 // envtest's kube-apiserver and etcd with kube-controller-manager's
 // StatefulSet controller, a test kubelet running one reference worker
 // process per pod, a 3-server NATS cluster, PostgreSQL, and a publisher of
-// uniquely numbered rows. The same scenarios run under the operator
+// uniquely numbered rows, each of a key and numbered in its key's sequence. The same scenarios run under the operator
 // (sequenced) and under the practice it replaces (independent: every pod
 // hashes with capped rendezvous over the fixed slots of its replica
 // count), and the test prints the history checker's verdicts side by
@@ -20,4 +20,7 @@
 // containers (it fails when `docker info` does);
 // TestInstallManifestIsAcceptedByTheAPIServer has the API server validate
 // dist/install.yaml, config/namespaced and config/samples.
+// TestKeyOrderAcrossAChangeOfV changes V under SubjectTransform with a
+// backlog in the old units and asserts what the per-key order check
+// finds (cross-unit inversions without an ordering barrier).
 package e2e

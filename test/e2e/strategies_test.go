@@ -20,7 +20,6 @@ import (
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/internal/fleettest"
-	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/operator"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/testbed"
@@ -133,6 +132,9 @@ func sampleTopology(w *world, topo ownership.Topology) *topologyv1.ShardTopology
 	st.Namespace = w.ns
 	st.Spec.Partitions, st.Spec.ShardsPerPartition = int32(topo.Partitions), int32(topo.Shards)
 	st.Spec.NATS.URLs = w.natsURLs()
+	if a := w.fleet.Opts.Assignment; a != "" {
+		st.Spec.NATS.ShardAssignment = topologyv1.ShardAssignment(a)
+	}
 	st.Spec.NATS.AckWait = &metav1.Duration{Duration: w.fleet.Opts.AckWait}
 	st.Spec.NATS.PinnedTTL = &metav1.Duration{Duration: 30 * time.Second}
 	st.Spec.Rollout.DrainTimeout = &metav1.Duration{Duration: w.fleet.Opts.DrainTimeout}
@@ -300,7 +302,7 @@ func (s *independent) provision(w *world, topo ownership.Topology) {
 	l.Partitions, l.Shards, l.Unpinned = topo.Partitions, topo.Shards, true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := natsops.Provision(ctx, w.fleet.NATS.Connect(0), l); err != nil {
+	if _, err := w.fleet.Provision(ctx, l); err != nil {
 		w.t.Fatal(err)
 	}
 }

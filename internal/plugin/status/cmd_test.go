@@ -93,6 +93,24 @@ func TestPrintShowsTheRolloutStepByStep(t *testing.T) {
 			"[ ] ingest-0             Waiting",
 			"now: pod ingest-1: handing over",
 		}},
+		{"an order barrier names the new units waiting and the old units draining", func(o *topologyv1.ShardTopology) {
+			midRollout(o)
+			sw := int64(200)
+			o.Status.OrderBarrier = &topologyv1.OrderBarrierStatus{Epoch: 2, FromShards: 8, ToShards: 16, Partitions: 1, Switched: 1,
+				Predecessors: 8, Lifted: 6, UnitsWaiting: 2, CheckedAt: ago(2 * time.Second),
+				Waiting:  []topologyv1.BarrierWait{{Unit: "0.14", For: []string{"0.6"}}, {Unit: "0.15", For: []string{"0.7"}}},
+				Draining: []topologyv1.BarrierDrain{{Unit: "0.6", SwitchSeq: &sw, AckFloor: 150, FirstOpen: 161, Pending: 12, AckPending: 3}},
+				Unread:   []string{"0.7: context deadline exceeded"}}
+		}, []string{
+			"Order:     barrier of epoch 2 (8 -> 16 shards): 2 new units hold moved keys' rows; 6/8 old units drained, 1/1 switches recorded (checked 2s ago)",
+			"0.14     waits for 0.6",
+			"0.6      draining: ack floor 150, switch at 200, 12 pending, 3 unacknowledged, first open row 161",
+			"not read: 0.7: context deadline exceeded",
+		}},
+		{"a lifted order barrier says so", func(o *topologyv1.ShardTopology) {
+			midRollout(o)
+			o.Status.OrderBarrier = &topologyv1.OrderBarrierStatus{Epoch: 3, FromShards: 16, ToShards: 12, Partitions: 1, Switched: 1, Predecessors: 16, Lifted: 16}
+		}, []string{"Order:     barrier of epoch 3 (16 -> 12 shards) lifted: all 16 old units drained to the switch"}},
 		{"members that are not pods of the workload are named", func(o *topologyv1.ShardTopology) {
 			midRollout(o)
 			o.Spec.Workload.StatefulSetName = "ingest"

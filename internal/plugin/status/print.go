@@ -49,6 +49,7 @@ func Print(w io.Writer, t *topologyv1.ShardTopology, evs []eventsv1.Event, now t
 		fmt.Fprintf(w, "Members:   %s\n", line)
 	}
 	fmt.Fprintf(w, "Census:    %s\n", CensusLine(st.Census, now))
+	printOrderBarrier(w, st.OrderBarrier, now)
 	if p := st.Plan; p != nil && p.State == topologyv1.PlanProposalReady {
 		fmt.Fprintf(w, "\nPlan %s (%s, proposed %s ago): %s\n", p.Hash, p.State, Age(timeOf(p.ProposedAt), now), p.Message)
 	}
@@ -290,4 +291,44 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// printOrderBarrier shows the order barrier of the latest PerKey change of
+// V: the new units holding moved keys' rows, the old units they wait for,
+// and how far those were seen draining.
+func printOrderBarrier(w io.Writer, b *topologyv1.OrderBarrierStatus, now time.Time) {
+	if b == nil {
+		return
+	}
+	checked := "not read this time"
+	if b.CheckedAt != nil {
+		checked = "checked " + Age(b.CheckedAt.Time, now) + " ago"
+	}
+	if b.UnitsWaiting == 0 {
+		fmt.Fprintf(w, "Order:     barrier of epoch %d (%d -> %d shards) lifted: all %d old units drained to the switch\n",
+			b.Epoch, b.FromShards, b.ToShards, b.Predecessors)
+		return
+	}
+	fmt.Fprintf(w, "Order:     barrier of epoch %d (%d -> %d shards): %d new units hold moved keys' rows; %d/%d old units drained, %d/%d switches recorded (%s)\n",
+		b.Epoch, b.FromShards, b.ToShards, b.UnitsWaiting, b.Lifted, b.Predecessors, b.Switched, b.Partitions, checked)
+	for _, wt := range b.Waiting {
+		fmt.Fprintf(w, "           %-8s waits for %s\n", wt.Unit, strings.Join(wt.For, ", "))
+	}
+	if n := int(b.UnitsWaiting) - len(b.Waiting); n > 0 {
+		fmt.Fprintf(w, "           and %d more\n", n)
+	}
+	for _, d := range b.Draining {
+		sw := "switch not recorded"
+		if d.SwitchSeq != nil {
+			sw = fmt.Sprintf("switch at %d", *d.SwitchSeq)
+		}
+		line := fmt.Sprintf("           %-8s draining: ack floor %d, %s, %d pending, %d unacknowledged", d.Unit, d.AckFloor, sw, d.Pending, d.AckPending)
+		if d.FirstOpen > 0 {
+			line += fmt.Sprintf(", first open row %d", d.FirstOpen)
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, u := range b.Unread {
+		fmt.Fprintf(w, "           not read: %s\n", u)
+	}
 }

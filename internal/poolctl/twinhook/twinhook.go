@@ -6,6 +6,6 @@
 package twinhook
 
 // Mutate applies the named mutation to a *poolctl.Twin (typed any to
-// avoid an import cycle). The names are "adopt-while-lease-live" and
-// "no-grace".
+// avoid an import cycle). The names are "adopt-while-lease-live",
+// "no-grace" and "barrier-hidden-while-pending".
 var Mutate func(twin any, mutation string) error

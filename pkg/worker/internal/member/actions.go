@@ -224,6 +224,33 @@ type Permission struct {
 	Lease       bool
 	Incarnation int64
 	Slot        int
+	// Barrier is the active epoch's order barrier (nil: none): Holds
+	// reads it for every row.
+	Barrier *poolctl.OrderBarrier
+}
+
+// Holds reports whether the row of key stored at stream sequence seq in
+// unit u must wait for the order barrier (issue 24): its key moved into u
+// at the change of V, the row was stored after the transform switched,
+// and the key's old unit has not acknowledged its rows up to the switch.
+// Rows at or below the switch were routed by the old transform (or their
+// key did not move), so they never wait; neither do unmoved keys. While
+// the switch is not recorded yet, every row above the sequence read
+// before it whose key moved waits.
+func (p *Permission) Holds(u ownership.Unit, seq uint64, key string) bool {
+	if p == nil || p.Barrier == nil {
+		return false
+	}
+	b := p.Barrier
+	pb, ok := b.Partition(u.Partition)
+	if !ok || u.Shard >= b.ToShards {
+		return false
+	}
+	if (pb.Switched && seq <= pb.SwitchSeq) || (!pb.Switched && seq <= pb.BeforeSeq) {
+		return false
+	}
+	old, moved := ownership.MovedFrom(key, b.FromShards, u.Shard)
+	return moved && !pb.Lifted(old)
 }
 
 // Allows is the per-row P1 check: one map read and one comparison of now

@@ -108,6 +108,16 @@ type Core struct {
 	reset   poolctl.ResetPermission
 	resetAt time.Duration
 	drain   time.Duration
+	// barrier is the order barrier of the active or pending epoch as the
+	// last snapshot showed it (nil: none); the permission carries it to
+	// the pullers. barrierGen is the fenceGen it was read under: pullers
+	// start only with a barrier read since the member last came out of
+	// a fence (a rejoin, a recovery, the first join), so a member that
+	// missed a change of V while fenced or away does not re-home a unit
+	// and deliver its moved keys' rows before it reads that change's
+	// barrier (the simulator found it, seed 540 of the ordered runs).
+	barrier    *poolctl.OrderBarrier
+	barrierGen int64
 
 	permDirty bool
 	timerAt   time.Duration
@@ -160,7 +170,7 @@ func New(cfg Config) *Core {
 	return &Core{
 		cfg: cfg, changed: map[ownership.Unit]uint64{}, units: map[ownership.Unit]*unit{},
 		lingering: map[ownership.Unit]*pullerRef{}, claims: map[ReqID]*call{}, releases: map[ReqID]*call{}, pastConfirms: map[ReqID]*call{}, unpins: map[ReqID]ownership.Unit{},
-		fenced: true, drain: cfg.DrainTimeout, fenceDue: never, timerAt: -1, permDirty: true,
+		fenced: true, drain: cfg.DrainTimeout, fenceDue: never, timerAt: -1, permDirty: true, barrierGen: -1,
 	}
 }
 
@@ -279,7 +289,7 @@ func (c *Core) incarnation() int64 { return c.ref().Incarnation }
 // permission builds the delivery permission from the current state.
 func (c *Core) permission() *Permission {
 	p := &Permission{Units: map[ownership.Unit]poolctl.Token{}, Fenced: c.fenced, FenceDue: c.fenceDue,
-		Lease: c.lease != nil, Slot: -1}
+		Lease: c.lease != nil, Slot: -1, Barrier: c.barrier}
 	if c.cfg.mutations.on(NoLazyFenceCheck) || c.cfg.mutations.on(NoSelfFence) {
 		p.FenceDue = never
 	}

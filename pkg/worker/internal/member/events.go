@@ -136,7 +136,10 @@ type PullerPrepared struct {
 	Puller PullerID
 }
 
-// PullerFetched reports one completed pull and how many rows it brought.
+// PullerFetched reports a pull's progress and how many rows it brought
+// since the last report: the pull completed, or, while a batch is handled
+// (a slow handler), rows of it were handled. Either is progress; a unit
+// with none for the operator's stall bound counts as stalled.
 type PullerFetched struct {
 	Now    time.Duration
 	Unit   ownership.Unit

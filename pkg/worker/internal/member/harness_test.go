@@ -240,6 +240,12 @@ func snapshot(inc int64, shards int, draining bool, pending int64) poolctl.Snaps
 	return s
 }
 
+// answerSnapshot answers the open ReadSnapshot with s.
+func (h *harness) answerSnapshot(s poolctl.Snapshot) {
+	r := take[ReadSnapshot](h)
+	h.step(SnapshotReply{Req: r.Req, Snap: s})
+}
+
 // tick runs a tick and answers its snapshot with s.
 func (h *harness) tick(s poolctl.Snapshot) {
 	h.step(Tick{})

@@ -351,7 +351,10 @@ func (c *Core) lift() {
 	c.fenced = false
 	c.permDirty = true
 	c.note(NoteUnfenced, ownership.Unit{}, (c.now - c.fencedAt).Seconds(), "")
+	// Pullers start once a snapshot read from now on shows the order
+	// barrier (startPuller); read it now rather than at the next tick.
 	c.ensurePullers()
+	c.readSnapshot()
 }
 
 // loseLease fences and forgets a lease the registry will not renew, and

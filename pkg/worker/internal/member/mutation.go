@@ -50,13 +50,16 @@ const (
 	// StaleConfirmationApplied applies a confirmation reply that is no
 	// longer the one in flight (issue 19).
 	StaleConfirmationApplied Mutation = "stale-confirmation-applied"
+	// PullersBeforeBarrierRead starts pullers as soon as a fence lifts,
+	// before a registry read shows the order barrier (issue 24).
+	PullersBeforeBarrierRead Mutation = "pullers-before-barrier-read"
 )
 
 // Mutations lists every mutation, sorted.
 func Mutations() []Mutation {
 	all := []Mutation{ConfirmWithoutVersionCheck, ConfirmDuringHandoverStartsPuller, FreezeAckAcrossRejoin,
 		LostClaimReplyGuessed, StaleIncarnationRejoinsAtOnce, StaleIncarnationGivesUp, NoLazyFenceCheck, NoSelfFence, SelfFenceAfterExpiry,
-		UnpinSkippedBeforeFirstPull, StaleConfirmationApplied}
+		UnpinSkippedBeforeFirstPull, StaleConfirmationApplied, PullersBeforeBarrierRead}
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	return all
 }

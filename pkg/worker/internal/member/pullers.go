@@ -8,7 +8,8 @@ import (
 // leaving and not fenced, and no earlier puller of u is still running: two pullers of one
 // unit in one process would run two handlers at once.
 func (c *Core) startPuller(u ownership.Unit, x *unit) {
-	if x.state != stHeld || x.puller != nil || c.fenced || c.lease == nil || c.phase != phaseMember || c.lingering[u] != nil {
+	if x.state != stHeld || x.puller != nil || c.fenced || c.lease == nil || c.phase != phaseMember || c.lingering[u] != nil ||
+		c.barrierGen != c.fenceGen && !c.cfg.mutations.on(PullersBeforeBarrierRead) {
 		return
 	}
 	c.pullers++

@@ -351,6 +351,7 @@ var scenarios = []scenario{
 				h.fail("fenced=%v, or a puller started before the stopped one reported", h.c.fenced)
 			}
 			h.stopped("0.0")
+			h.answerSnapshot(snapshot(1, 1, false, 0)) // the barrier read since the lift
 			take[StartPuller](h)
 		},
 	},
@@ -382,8 +383,34 @@ var scenarios = []scenario{
 				h.fail("the adopted unit got a puller, or delivery, while the member was fenced")
 			}
 			h.confirm(map[string]int64{"0.0": 5})
+			h.answerSnapshot(snapshot(1, 1, false, 0)) // the barrier read since the lift
 			if p := take[StartPuller](h); !p.Takeover || p.Token != tok("0.0", 5) {
 				h.fail("after the fence lifted: %+v, want a takeover at epoch 5", p)
+			}
+		},
+	},
+	{
+		// Issue 24 (the simulator's seed 540 of the ordered runs): a
+		// process that comes out of a fence (here its first join) and
+		// is confirmed a unit, while a change of V's barrier holds moved
+		// keys, starts its puller only once a registry read gave it the
+		// barrier; the permission carries the barrier from the first
+		// row on.
+		name:   "a member out of a fence pulls only with the order barrier read",
+		breaks: []Mutation{PullersBeforeBarrierRead},
+		script: func(h *harness) {
+			mark := len(h.all)
+			h.join(1, map[string]int64{"0.0": 3})
+			if h.emittedSince(mark, "StartPuller") {
+				h.fail("a puller started on the confirmation, before any registry read")
+			}
+			s := snapshot(1, 2, false, 0)
+			s.Barrier = &poolctl.OrderBarrier{Epoch: 1, FromShards: 1, ToShards: 2, Partitions: []poolctl.PartitionBarrier{
+				{Partition: 0, BeforeSeq: 10, Predecessors: []poolctl.BarrierPredecessor{{Shard: 0}}}}}
+			h.answerSnapshot(s)
+			take[StartPuller](h)
+			if h.perm.Barrier == nil || h.perm.Barrier.Epoch != 1 {
+				h.fail("the puller started with barrier %+v in the permission, want epoch 1's", h.perm.Barrier)
 			}
 		},
 	},

@@ -28,13 +28,19 @@ func (c *Core) onTick() {
 		x.parked = false // failed releases are retried once a tick
 	}
 	c.ensurePullers()
+	c.readSnapshot()
+}
+
+// readSnapshot starts a tick's registry read, unless one is out or the
+// member is fenced or has no lease.
+func (c *Core) readSnapshot() {
 	if c.tick != nil || c.phase != phaseMember {
 		return
 	}
 	if c.lease == nil || c.fenced {
 		return
 	}
-	c.tick = &call{id: c.newID(), kind: callSnapshot, incarnation: c.incarnation()}
+	c.tick = &call{id: c.newID(), kind: callSnapshot, incarnation: c.incarnation(), gen: c.fenceGen}
 	c.emit(ReadSnapshot{Req: c.tick.id, Topology: c.cfg.Topology})
 }
 
@@ -51,6 +57,18 @@ func (c *Core) onSnapshot(e SnapshotReply) {
 	s := e.Snap
 	c.configure(s.Params)
 	c.reset, c.resetAt = s.Reset, c.now
+	if !sameBarrier(c.barrier, s.Barrier) {
+		// Published with the next permission: pullers hold a moved
+		// key's rows while its old unit is not lifted (issue 24).
+		c.barrier = s.Barrier
+		c.permDirty = true
+	}
+	if cl.gen == c.fenceGen && !c.fenced && c.barrierGen != c.fenceGen {
+		// The first barrier read since the fence lifted: pullers may
+		// start (they waited for it).
+		c.barrierGen = c.fenceGen
+		c.ensurePullers()
+	}
 	if c.lease == nil {
 		return
 	}
@@ -336,4 +354,28 @@ func sortedUnits[V any](m map[ownership.Unit]V) []ownership.Unit {
 	}
 	sortUnits(out)
 	return out
+}
+
+// sameBarrier reports whether two readings of the order barrier say the
+// same: same epoch, same switches recorded, same old units lifted.
+func sameBarrier(a, b *poolctl.OrderBarrier) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if a.Epoch != b.Epoch || len(a.Partitions) != len(b.Partitions) {
+		return false
+	}
+	for i, pa := range a.Partitions {
+		pb := b.Partitions[i]
+		if pa.Partition != pb.Partition || pa.Switched != pb.Switched || pa.SwitchSeq != pb.SwitchSeq || pa.BeforeSeq != pb.BeforeSeq ||
+			len(pa.Predecessors) != len(pb.Predecessors) {
+			return false
+		}
+		for j, x := range pa.Predecessors {
+			if y := pb.Predecessors[j]; x.Shard != y.Shard || x.Lifted() != y.Lifted() {
+				return false
+			}
+		}
+	}
+	return true
 }

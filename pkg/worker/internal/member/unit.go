@@ -64,8 +64,9 @@ type unit struct {
 	// parked: a failed release waits for the next tick.
 	parked     bool
 	handoverAt time.Duration
-	// lastFetch and lastRows are when the puller last pulled and last
-	// received rows (0: never), for the activity report.
+	// lastFetch and lastRows are when the puller last made progress (a
+	// pull completed, or rows of one handled) and last received rows (0:
+	// never), for the activity report.
 	lastFetch, lastRows time.Duration
 	fetched, gotRows    bool
 }

@@ -94,6 +94,8 @@ var table = []mutation{
 		pkg: "./pkg/worker", test: "TestSigstopLongerThanLeaseFencesThenRejoins"},
 	{name: sim.MutNoSinkGuard, hook: sinkHook, with: `const sinkGuard = "(" + worker.GuardSQL + " OR true)"`,
 		pkg: "./cmd/shardkeeper-worker", test: "TestSinkWritesOnlyUnderAValidClaim"},
+	{name: sim.MutHidePendingBarrier, hook: pgHook, with: "var pgMutation = twinMutation{hidePendingBarrier: true}",
+		pkg: "./pkg/worker", test: "TestPerKeyBarrierHoldsKeysMovedIntoAUnitHeldAcrossTheActivation"},
 	coreMutation(member.ConfirmDuringHandoverStartsPuller, "./pkg/worker", "TestAConfirmationDuringAHandoverStartsNoPuller"),
 	coreMutation(member.ConfirmWithoutVersionCheck, "./pkg/worker", "TestALateConfirmationDoesNotBringBackAReleasedUnit"),
 	coreMutation(member.FreezeAckAcrossRejoin, "./pkg/worker", "TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain"),
@@ -118,6 +120,7 @@ var table = []mutation{
 	coreMutation(member.StaleIncarnationGivesUp, "./pkg/worker", "TestAWorkersOwnJoinLandingAfterItsLeaseLapsedDoesNotDisplaceIt"),
 	coreMutation(member.StaleIncarnationRejoinsAtOnce, "./pkg/worker", "TestTwoProcessesUnderOnePodNameDoNotTakeTurns"),
 	coreMutation(member.UnpinSkippedBeforeFirstPull, "./pkg/worker", "TestSigkillTakeoverReturnsInFlightRows"),
+	coreMutation(member.PullersBeforeBarrierRead, "./pkg/worker", "TestPerKeyBarrierHoldsKeysMovedIntoAUnitHeldAcrossTheActivation"),
 }
 
 // outcome is one run of a test.

@@ -64,6 +64,11 @@ func (m *coreMember) May(now time.Duration, unit string, tok poolctl.Token) bool
 	return err == nil && m.perm.Allows(u, tok, now)
 }
 
+func (m *coreMember) Holds(_ time.Duration, unit string, seq uint64, key string) bool {
+	u, err := ownership.ParseUnit(unit)
+	return err == nil && m.perm.Holds(u, seq, key)
+}
+
 func (m *coreMember) Step(now time.Duration, ev Event) []Action {
 	switch ev.Kind {
 	case EvTimer:

@@ -15,8 +15,11 @@ const (
 
 // msg is one row of a unit's stream as its consumer sees it.
 type msg struct {
+	// seq is the row's stream sequence: its partition stream's in an
+	// ordered run (order.go), its unit's otherwise.
 	seq        uint64
 	rowID      string
+	key        string // the row's key in an ordered run, "" otherwise
 	state      msgState
 	deliveries uint64 // NATS's delivery count
 	to         *process
@@ -72,6 +75,11 @@ func (c *consumer) fetch(p *process, now int64, batch int, ttl, ackWait int64) (
 type delivered struct {
 	m          *msg
 	deliveries uint64
+	// fetched is when the pull that brought a held row was sent;
+	// released marks a held row let go, delivered without another look
+	// at the barrier (puller.go).
+	fetched  int64
+	released bool
 }
 
 // ack settles a delivery. NATS takes an ack of a row still pending from
@@ -87,6 +95,14 @@ func (c *consumer) ack(m *msg) {
 func (c *consumer) nak(m *msg, deliveries uint64) {
 	if m.state == msgInFlight && m.deliveries == deliveries {
 		m.state, m.to = msgAvailable, nil
+	}
+}
+
+// inProgress restarts a delivery's ack wait (NATS's +WPI), if that
+// delivery is still the row's latest and unacknowledged.
+func (c *consumer) inProgress(m *msg, deliveries uint64, now, ackWait int64) {
+	if m.state == msgInFlight && m.deliveries == deliveries {
+		m.ackBy = now + ackWait
 	}
 }
 

@@ -22,6 +22,9 @@ func (w *world) judge() {
 	epochs, err := w.twin.EpochHistory(ctx, topology)
 	must(err)
 	in := historycheck.Input{Sink: w.sink, Published: w.published, Grace: Params.Grace}
+	if w.order != nil {
+		in.Keys, in.Ordering = w.order.keys, historycheck.OrderingPerKey
+	}
 	for _, p := range w.procs {
 		// Every process the world started has a history; none is cut.
 		in.Expected = append(in.Expected, historycheck.ExpectedProcess{Member: p.name})

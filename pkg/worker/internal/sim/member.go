@@ -19,6 +19,10 @@ type Member interface {
 	// under tok: the permission the member publishes to its pullers.
 	// Pullers call it at every row, before they record.
 	May(now time.Duration, unit string, tok poolctl.Token) bool
+	// Holds reports whether the row of key at stream sequence seq in
+	// unit must wait for the order barrier now (issue 24). Pullers ask
+	// at every row of an ordered run, after May.
+	Holds(now time.Duration, unit string, seq uint64, key string) bool
 }
 
 // EventKind says what an Event carries.

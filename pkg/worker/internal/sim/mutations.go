@@ -16,10 +16,15 @@ const (
 	MutAdoptLive   = "adopt-while-lease-live"
 	MutNoGrace     = "no-grace"
 	MutNoSinkGuard = "no-sink-write-guard"
+	// MutHidePendingBarrier shows an order barrier to members only once
+	// its epoch is active: the operator that wrote it at the activation
+	// (issue 24), which let a member that kept a unit across the
+	// activation deliver moved keys' rows before it read the barrier.
+	MutHidePendingBarrier = "barrier-hidden-while-pending"
 )
 
 // WorldMutations lists the simulator's own mutations.
-var WorldMutations = []string{MutAdoptLive, MutNoGrace, MutNoSinkGuard}
+var WorldMutations = []string{MutAdoptLive, MutNoGrace, MutNoSinkGuard, MutHidePendingBarrier}
 
 // mutations is what a run breaks on the simulator's side.
 type mutations struct {
@@ -29,7 +34,7 @@ type mutations struct {
 
 func parseMutation(name string) mutations {
 	switch name {
-	case MutAdoptLive, MutNoGrace:
+	case MutAdoptLive, MutNoGrace, MutHidePendingBarrier:
 		return mutations{registry: name}
 	case MutNoSinkGuard:
 		return mutations{noSinkGuard: true}

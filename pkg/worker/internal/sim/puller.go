@@ -29,6 +29,13 @@ type puller struct {
 	fetchStart int64
 	drainBy    int64
 	timedOut   bool
+	// held are rows the order barrier holds, in arrival order, as
+	// pkg/worker's puller keeps them (heldKeys counts them by key, keptAt
+	// is when they were last kept from redelivery); an ordered run's
+	// only.
+	held     []delivered
+	heldKeys map[string]int
+	keptAt   int64
 }
 
 type stopMode int
@@ -134,6 +141,11 @@ func (pl *puller) fetch() {
 		pl.next()
 		return
 	}
+	if pl.releaseHeld() {
+		pl.next() // deliver what the barrier let go before pulling again
+		return
+	}
+	pl.keepHeld()
 	if !pl.may() {
 		// Pull only while the permission allows the unit: a fenced
 		// process (resumed from a pause, say) that pulled before its core
@@ -204,15 +216,23 @@ func (pl *puller) next() {
 			pl.record(history.KindWithheld, d, "released")
 			pl.withheld = true
 			continue
+		case !d.released && pl.holds(d):
+			pl.hold(d)
+			continue
+		}
+		fetched := pl.fetchStart
+		if d.released {
+			fetched = d.fetched
 		}
 		r := history.Record{Kind: history.KindDeliver, Unit: pl.unit, Member: p.name, Incarnation: pl.inc, Epoch: pl.tok.Epoch,
-			TopologyEpoch: pl.te, RowID: d.m.rowID, StreamSeq: d.m.seq, NumDelivered: d.deliveries, Start: w.s.now, Fetch: pl.fetchStart}
+			TopologyEpoch: pl.te, RowID: d.m.rowID, StreamSeq: d.m.seq, NumDelivered: d.deliveries, Start: w.s.now, Fetch: fetched}
 		p.record(r)
 		pl.handling = true
-		w.s.after(w.s.between(ms, 30*ms), p, func() { pl.handled(d) })
+		w.s.after(w.handleTime(), p, func() { pl.handled(d) })
 		return
 	}
 	if pl.mode != running {
+		pl.handBackHeld()
 		pl.finish()
 		return
 	}
@@ -273,4 +293,85 @@ func (pl *puller) finish() {
 	}
 	w.tracef("%s puller %s@%d stopped (withheld %v)", p.id, pl.unit, pl.tok.Epoch, pl.withheld)
 	w.deliver(p, Event{Kind: EvPullerStopped, Unit: pl.unit, Puller: pl.id, Withheld: pl.withheld, DrainTimedOut: pl.timedOut})
+}
+
+// holds reports whether the barrier holds d: a row of a key with a row
+// held already waits behind it; else the member's rule decides.
+func (pl *puller) holds(d delivered) bool {
+	if d.m.key == "" {
+		return false
+	}
+	return pl.heldKeys[d.m.key] > 0 || pl.p.member.Holds(time.Duration(pl.w.s.now), pl.unit, d.m.seq, d.m.key)
+}
+
+// hold keeps d back, neither delivered nor settled.
+func (pl *puller) hold(d delivered) {
+	if len(pl.held) == 0 {
+		pl.keptAt = pl.w.s.now
+	}
+	if pl.heldKeys == nil {
+		pl.heldKeys = map[string]int{}
+	}
+	d.fetched = pl.fetchStart
+	pl.held = append(pl.held, d)
+	pl.heldKeys[d.m.key]++
+	pl.w.tracef("%s holds %s (key %s, seq %d) in %s", pl.p.id, d.m.rowID, d.m.key, d.m.seq, pl.unit)
+}
+
+// releaseHeld moves the held rows the barrier lets go, in arrival order,
+// to the front of the queue, and reports whether it moved any. A row
+// stays held while an earlier row of its key does.
+func (pl *puller) releaseHeld() bool {
+	if len(pl.held) == 0 || !pl.may() {
+		return false
+	}
+	blocked := map[string]bool{}
+	var keep, out []delivered
+	for _, d := range pl.held {
+		if blocked[d.m.key] || pl.p.member.Holds(time.Duration(pl.w.s.now), pl.unit, d.m.seq, d.m.key) {
+			blocked[d.m.key] = true
+			keep = append(keep, d)
+			continue
+		}
+		if pl.heldKeys[d.m.key]--; pl.heldKeys[d.m.key] == 0 {
+			delete(pl.heldKeys, d.m.key)
+		}
+		d.released = true
+		out = append(out, d)
+	}
+	pl.held = keep
+	pl.queue = append(out, pl.queue...)
+	return len(out) > 0
+}
+
+// keepHeld sends InProgress for every held row a third of ack_wait after
+// the last time, so none is redelivered while it waits.
+func (pl *puller) keepHeld() {
+	w, p := pl.w, pl.p
+	if len(pl.held) == 0 || w.s.now-pl.keptAt < ackWait/3 || !pl.may() {
+		return
+	}
+	pl.keptAt = w.s.now
+	if p.cut(w.s.now) {
+		return // lost on the way
+	}
+	c := w.cons[pl.unit]
+	for _, d := range pl.held {
+		w.s.after(w.s.between(100*1000, 2*ms), nil, func() { c.inProgress(d.m, d.deliveries, w.s.now, ackWait) })
+	}
+}
+
+// handBackHeld naks the rows still held when the puller stops, for the
+// next holder to hold in turn; withheld when the claim is lost.
+func (pl *puller) handBackHeld() {
+	for _, d := range pl.held {
+		if !pl.may() {
+			pl.record(history.KindWithheld, d, "claim lost while the order barrier held the row")
+			pl.withheld = true
+			continue
+		}
+		pl.record(history.KindNak, d, "held by the order barrier when the puller stopped")
+		pl.settle(d, false)
+	}
+	pl.held, pl.heldKeys = nil, nil
 }

@@ -113,10 +113,15 @@ func (w *world) schedulePublisher() {
 		if w.s.now >= w.quietAt {
 			return
 		}
-		u := w.units[w.s.rng.IntN(len(w.units))]
-		id := w.publish(u)
+		var id, u string
+		if w.order != nil {
+			id, u = w.publishOrdered()
+		} else {
+			u = w.units[w.s.rng.IntN(len(w.units))]
+			id = w.publish(u)
+		}
 		w.tracef("publish %s to %s", id, u)
-		w.s.after(w.s.between(50*ms, 600*ms), nil, next)
+		w.s.after(w.publishGap(), nil, next)
 	}
 	w.s.at(w.s.between(0, 300*ms), nil, next)
 }
@@ -125,7 +130,12 @@ func (w *world) schedulePublisher() {
 // stopped: each must reach the sink within lease + grace + 5s.
 func (w *world) publishProbes() {
 	for _, u := range w.units {
-		id := w.publish(u)
+		var id string
+		if w.order != nil {
+			id = w.publishProbe(u)
+		} else {
+			id = w.publish(u)
+		}
 		w.probes[id] = w.s.now
 		w.tracef("probe %s to %s", id, u)
 	}
@@ -140,11 +150,14 @@ func (w *world) freeze(grow bool) {
 	}
 	snap, err := w.twin.Snapshot(context.Background(), topology)
 	must(err)
+	if w.barrierUp(snap) {
+		return // and for the last change's order barrier
+	}
 	shards := snap.Active.Shards
 	if grow && shards < 3 {
 		shards++
 	}
-	e, err := w.twin.CreatePending(context.Background(), topology, 2, shards)
+	e, err := w.createPending(snap.Active, shards)
 	must(err)
 	w.tracef("operator: epoch %d (2x%d) pending", e, shards)
 	w.pendingEpoch, w.pendingSince = e, w.s.now
@@ -152,7 +165,10 @@ func (w *world) freeze(grow bool) {
 
 // operatorStep tries to activate the pending epoch every 250ms.
 func (w *world) operatorStep() {
+	w.barrierStep()
 	if w.pendingEpoch != 0 {
+		before, serr := w.twin.Snapshot(context.Background(), topology)
+		must(serr)
 		err := w.twin.Activate(context.Background(), topology, w.pendingEpoch)
 		var fi *poolctl.FreezeIncompleteError
 		switch {
@@ -162,6 +178,7 @@ func (w *world) operatorStep() {
 			w.setUnits(snap.Active.Partitions, snap.Active.Shards)
 			w.activatedAt[w.pendingEpoch] = w.s.now
 			w.tracef("operator: epoch %d active", w.pendingEpoch)
+			w.activated(w.pendingEpoch, before.Active.Shards, snap.Active.Shards)
 			w.pendingEpoch = 0
 		case errors.As(err, &fi):
 		default:

@@ -56,13 +56,20 @@ type standin struct {
 
 	leaseCall, tickCall, claimCall, confirmCall, ackCall uint64
 	claimInc, ackInc, ackEpoch                           int64
-	confirmVersion                                       uint64
+	confirmVersion, claimVersion                         uint64
 	needConfirm                                          bool
 	releases                                             map[uint64]string
 	acked                                                map[int64]int64 // epoch -> incarnation that acknowledged
 	claimUnder                                           int64
 	// running are the units with a puller that has not reported its stop.
 	running map[string]bool
+	// barrier is the order barrier of the last snapshot read. gen grows
+	// at every fence and lost lease; tickGen is the gen the snapshot in
+	// flight was asked under, barrierGen the gen of the last barrier
+	// read: rows are delivered only under a barrier read since the
+	// member last came back (a re-homed unit's moved keys wait too).
+	barrier                  *poolctl.OrderBarrier
+	gen, tickGen, barrierGen int64
 }
 
 type holdState int
@@ -88,7 +95,7 @@ type hold struct {
 // NewStandin returns the simulator's stand-in member.
 func NewStandin(env MemberEnv) Member {
 	return &standin{env: env, p: env.Params, held: map[string]*hold{}, releases: map[uint64]string{},
-		acked: map[int64]int64{}, running: map[string]bool{}}
+		acked: map[int64]int64{}, running: map[string]bool{}, barrierGen: -1}
 }
 
 func (m *standin) call(op Op, do func(ctx context.Context, r poolctl.Registry) (any, error)) (uint64, Action) {
@@ -108,7 +115,30 @@ func (m *standin) May(now time.Duration, unit string, tok poolctl.Token) bool {
 	if m.gone {
 		return false
 	}
-	return m.joined && !m.fenced && now < m.fenceAt && h != nil && h.tok.Epoch == epoch && h.state == holdPulling
+	return m.joined && !m.fenced && now < m.fenceAt && h != nil && h.tok.Epoch == epoch && h.state == holdPulling &&
+		m.barrierGen == m.gen
+}
+
+// Holds is the order barrier's rule, written apart from the core's: a
+// row of a key that moved into unit, stored after the switch (after the
+// sequence read before, while the switch is not recorded), waits while
+// the key's old unit is not lifted.
+func (m *standin) Holds(_ time.Duration, unit string, seq uint64, key string) bool {
+	b := m.barrier
+	u, err := ownership.ParseUnit(unit)
+	if b == nil || err != nil || u.Shard >= b.ToShards {
+		return false
+	}
+	pb, ok := b.Partition(u.Partition)
+	if !ok {
+		return false
+	}
+	after := pb.BeforeSeq
+	if pb.Switched {
+		after = pb.SwitchSeq
+	}
+	old := ownership.PartitionShard(key, b.FromShards)
+	return seq > after && old != u.Shard && !pb.Lifted(old)
 }
 
 func (m *standin) Step(now time.Duration, ev Event) []Action {
@@ -166,6 +196,7 @@ func (m *standin) fence(now time.Duration) []Action {
 		return nil
 	}
 	m.fenced = true
+	m.gen++
 	var out []Action
 	for _, u := range sortedKeys(m.held) {
 		h := m.held[u]
@@ -192,6 +223,7 @@ func (m *standin) dropAll() []Action {
 	m.held = map[string]*hold{}
 	m.version++
 	m.joined, m.fenced, m.needConfirm = false, false, false
+	m.gen++
 	m.claimCall, m.confirmCall, m.tickCall, m.ackCall = 0, 0, 0, 0
 	m.releases = map[uint64]string{}
 	return out
@@ -216,6 +248,7 @@ func (m *standin) tick() []Action {
 	m.tickCall, a = m.call(OpSnapshot, func(ctx context.Context, r poolctl.Registry) (any, error) {
 		return r.Snapshot(ctx, m.env.Topology)
 	})
+	m.tickGen = m.gen
 	return append(out, a)
 }
 
@@ -316,6 +349,12 @@ func (m *standin) leaseReply(now time.Duration, r Reply) []Action {
 // hand over what placement no longer gives this member, claim what it
 // gives.
 func (m *standin) place(s poolctl.Snapshot) []Action {
+	// Before the freeze acknowledgement below: a member acknowledges a
+	// change of V only with its barrier in force.
+	m.barrier = s.Barrier
+	if m.tickGen == m.gen {
+		m.barrierGen = m.gen
+	}
 	me := s.Member(m.env.Name)
 	if me == nil || me.Incarnation != m.ref.Incarnation || !me.Live || s.Active == nil {
 		return nil
@@ -381,7 +420,7 @@ func (m *standin) place(s poolctl.Snapshot) []Action {
 	m.claimCall, a = m.call(OpClaimMany, func(ctx context.Context, r poolctl.Registry) (any, error) {
 		return r.ClaimMany(ctx, ref, under, want)
 	})
-	m.claimInc, m.claimUnder = ref.Incarnation, under
+	m.claimInc, m.claimUnder, m.claimVersion = ref.Incarnation, under, m.version
 	return append(out, a)
 }
 
@@ -414,6 +453,13 @@ func (m *standin) claimed(r Reply) []Action {
 	}
 	if r.Err != nil {
 		return nil
+	}
+	if m.version != m.claimVersion {
+		// What it holds changed while the claim was out (a
+		// confirmation that came first, a release): the outcomes may
+		// bring back a unit it has let go since. Ask the registry.
+		m.needConfirm = true
+		return m.confirm()
 	}
 	var out []Action
 	for _, o := range r.Value.([]poolctl.ClaimOutcome) {

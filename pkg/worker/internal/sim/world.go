@@ -135,6 +135,10 @@ type world struct {
 	pendingSince int64
 	activatedAt  map[int64]int64
 
+	// order is the ordered run's streams, transform and keys; nil in an
+	// unordered run (order.go).
+	order *orderState
+
 	// granted is, per pod name, the latest incarnation a join granted and
 	// the process it went to, for the displacement check at an exit.
 	granted map[string]grant
@@ -213,6 +217,9 @@ func newWorld(cfg Config) *world {
 		Servers: map[string]string{"n1": "2.14.9"}}))
 	w.activatedAt[e] = 0
 	w.setUnits(2, 2)
+	if drawOrdered(cfg.Seed) {
+		w.order = newOrderState(2)
+	}
 	w.plan = newPlan(cfg, rand.New(rand.NewPCG(uint64(cfg.Seed), 0xfa17)))
 	return w
 }

@@ -1,0 +1,139 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+)
+
+// A change of V under spec.rollout.ordering PerKey (issue 24): the
+// operator writes the barrier before activating, records the stream's
+// switch once the transform moved, shows the new units waiting for their
+// old ones, lifts each old unit once it drained to the switch (and not
+// before), holds the next change until every old unit is lifted, and then
+// rolls that one (16 -> 12: old shards feed new ones by residue mod 4, not
+// by halves) under a barrier of its own.
+func TestPerKeyChangeOfVLiftsEachOldUnitOnceDrainedToTheSwitch(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 8, assignment: topologyv1.ShardAssignmentSubjectTransform})
+	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+
+	// A backlog in every old unit (nobody pulls: the sim worker claims
+	// but does not deliver).
+	const rows = 200
+	f.publishKeys(0, rows)
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 16 })
+	st := f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		b := o.Status.OrderBarrier
+		if b == nil || b.Switched != 1 || b.CheckedAt == nil {
+			return fmt.Errorf("order barrier %+v, want one partition switched and checked", b)
+		}
+		return nil
+	})
+	b := st.Status.OrderBarrier
+	if b.Epoch != 2 || b.FromShards != 8 || b.ToShards != 16 || b.Predecessors != 8 || b.Lifted != 0 || b.UnitsWaiting != 8 {
+		t.Fatalf("order barrier %+v: want epoch 2, 8 -> 16, 8 old units none lifted, 8 new units waiting", b)
+	}
+	if a := st.Status.ActiveEpoch; a == nil || a.Number != 2 {
+		t.Fatalf("active epoch %+v, want 2", a)
+	}
+	// 8 -> 16 moves keys from s to s+8 only.
+	for _, w := range b.Waiting {
+		var p, s int
+		if _, err := fmt.Sscanf(w.Unit, "%d.%d", &p, &s); err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{fmt.Sprintf("0.%d", s-8)}; s < 8 || !slices.Equal(w.For, want) {
+			t.Fatalf("unit %s waits for %v, want %v", w.Unit, w.For, want)
+		}
+	}
+	reg, err := f.reg.OrderBarrier(context.Background(), f.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p0, _ := reg.Partition(0); !p0.Switched || p0.SwitchSeq != rows || p0.BeforeSeq != rows {
+		t.Fatalf("partition 0 %+v: want the switch at %d, the last row before it (nothing was published meanwhile)", p0, rows)
+	}
+	if c := meta.FindStatusCondition(st.Status.Conditions, topologyv1.ConditionReady); c == nil || c.Status == "True" {
+		t.Fatalf("Ready %+v while every old unit holds rows: want False", c)
+	}
+
+	// The next change waits for the barrier.
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 12 })
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if r := o.Status.Rollout; r == nil || !strings.Contains(r.Message, "waits for the order barrier of epoch 2") {
+			return fmt.Errorf("rollout %+v, want the change to 12 waiting for the barrier", r)
+		}
+		return nil
+	})
+	if p := f.snapshot().Pending; p != nil {
+		t.Fatalf("epoch %d pending while the barrier is up", p.Number)
+	}
+
+	// Drain old units 0..3: exactly they are lifted.
+	for s := range 4 {
+		f.drain(0, s)
+	}
+	st = f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if b := o.Status.OrderBarrier; b == nil || b.Lifted != 4 {
+			return fmt.Errorf("order barrier %+v, want 4 old units lifted", b)
+		}
+		return nil
+	})
+	reg, err = f.reg.OrderBarrier(context.Background(), f.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p0, _ := reg.Partition(0)
+	if w := p0.Waiting(); !slices.Equal(w, []int{4, 5, 6, 7}) {
+		t.Fatalf("old units waiting %v after 0..3 drained, want 4..7", w)
+	}
+	for _, d := range st.Status.OrderBarrier.Draining {
+		if d.Pending == 0 || d.SwitchSeq == nil || *d.SwitchSeq != rows {
+			t.Fatalf("draining %+v: want rows pending below the switch %d", d, rows)
+		}
+	}
+
+	// Drain the rest: the barrier lifts, and the change to 12 starts
+	// with a barrier of its own.
+	for s := 4; s < 8; s++ {
+		f.drain(0, s)
+	}
+	waitEvent(t, f.ns, "OrderBarrierLifted", "epoch 2")
+	st = f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		b := o.Status.OrderBarrier
+		if b == nil || b.Epoch < 3 {
+			return fmt.Errorf("order barrier %+v, want epoch 3's", b)
+		}
+		return nil
+	})
+	b = st.Status.OrderBarrier
+	pairs, err := ownership.BarrierPairs(16, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.FromShards != 16 || b.ToShards != 12 || b.Predecessors != 16 || b.UnitsWaiting > 12 {
+		t.Fatalf("order barrier %+v: want 16 -> 12 with all 16 old units as predecessors (%d pairs)", b, len(pairs))
+	}
+	// Nothing is pending in any unit now, so every old unit is lifted
+	// at once, and the topology goes Ready.
+	st = f.waitReady(60 * time.Second)
+	if b := st.Status.OrderBarrier; b == nil || b.Lifted != b.Predecessors || b.UnitsWaiting != 0 {
+		t.Fatalf("Ready with order barrier %+v: want every old unit lifted", b)
+	}
+	if st.Status.ActiveEpoch.ShardsPerPartition != 12 {
+		t.Fatalf("active %+v, want 12 shards", st.Status.ActiveEpoch)
+	}
+}

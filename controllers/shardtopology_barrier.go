@@ -1,0 +1,382 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+)
+
+// The order barrier of a change of V under spec.rollout.ordering PerKey
+// (issue 24, design.md section 8). With the pending epoch, in the same
+// transaction (poolctl's CreateOrderedPending), the operator writes, for
+// every partition, the old shards whose keys move
+// (ownership.BarrierPairs) and a stream sequence read just before (every
+// row at or below it was routed over the old V): every member that
+// acknowledges the freeze has the barrier in its pullers' permission
+// before the activation moves the transform, including members that keep
+// a unit across the activation and receive moved keys' rows in it. Once
+// the transform moved, it finds each stream's switch S (ownership.FindSwitch: the last row the
+// old transform routed) and records it. Then, every reconcile while the
+// barrier is up, it lifts each old unit whose consumer acknowledged every
+// row at or below S (natsops.DrainedTo). Workers hold a moved key's rows
+// in its new unit until the key's old unit is lifted. A new change waits
+// while the barrier is up: a key moved twice must leave its first new
+// unit in order too, and one barrier at a time keeps the rule that a
+// barrier waits only on rows at or below its own switch, never on rows
+// another barrier holds.
+
+// errNoOrderBarriers means the registry keeps no order barriers.
+var errNoOrderBarriers = errors.New("the registry keeps no order barriers (PostgreSQL registry needed)")
+
+// CreateOrderedPending passes to the inner registry, when it keeps
+// barriers.
+func (b *boundedRegistry) CreateOrderedPending(ctx context.Context, topology string, partitions, shards int, st poolctl.BarrierStart) (int64, error) {
+	ob, ok := b.inner.(poolctl.OrderBarriers)
+	if !ok {
+		return 0, errNoOrderBarriers
+	}
+	return bounded(ctx, b, "CreateOrderedPending", func(c context.Context) (int64, error) {
+		return ob.CreateOrderedPending(c, topology, partitions, shards, st)
+	})
+}
+
+// RecordSwitch passes to the inner registry, when it keeps barriers.
+func (b *boundedRegistry) RecordSwitch(ctx context.Context, topology string, epoch int64, partition int, seq uint64) error {
+	ob, ok := b.inner.(poolctl.OrderBarriers)
+	if !ok {
+		return errNoOrderBarriers
+	}
+	return boundedErr(ctx, b, "RecordSwitch", func(c context.Context) error { return ob.RecordSwitch(c, topology, epoch, partition, seq) })
+}
+
+// LiftPredecessors passes to the inner registry, when it keeps barriers.
+func (b *boundedRegistry) LiftPredecessors(ctx context.Context, topology string, epoch int64, partition int, shards []int) error {
+	ob, ok := b.inner.(poolctl.OrderBarriers)
+	if !ok {
+		return errNoOrderBarriers
+	}
+	return boundedErr(ctx, b, "LiftPredecessors", func(c context.Context) error {
+		return ob.LiftPredecessors(c, topology, epoch, partition, shards)
+	})
+}
+
+// OrderBarrier passes to the inner registry; nil when it keeps none.
+func (b *boundedRegistry) OrderBarrier(ctx context.Context, topology string) (*poolctl.OrderBarrier, error) {
+	ob, ok := b.inner.(poolctl.OrderBarriers)
+	if !ok {
+		return nil, nil
+	}
+	return bounded(ctx, b, "OrderBarrier", func(c context.Context) (*poolctl.OrderBarrier, error) { return ob.OrderBarrier(c, topology) })
+}
+
+var _ poolctl.OrderBarriers = (*boundedRegistry)(nil)
+
+// barrierReport is what this reconcile measured of the barrier, for
+// status.
+type barrierReport struct {
+	// drains are the old units not lifted, as NATS showed them.
+	drains    map[ownership.Unit]natsops.Drain
+	checkedAt *metav1.Time
+	// unrouted lists partitions whose transform has not moved yet.
+	unrouted []int
+	// unread says what NATS did not answer this time (unit or partition:
+	// error); those stay unlifted and are read at the next reconcile.
+	unread []string
+}
+
+// readBarrier reads the latest order barrier into the scope.
+func (s *scope) readBarrier(ctx context.Context) error {
+	ob, ok := s.reg.(poolctl.OrderBarriers)
+	if !ok {
+		return nil
+	}
+	b, err := ob.OrderBarrier(ctx, s.registryKey())
+	if err != nil {
+		return err
+	}
+	s.barrier = b
+	return nil
+}
+
+// activeBarrier is the barrier of the active epoch, nil when the latest
+// barrier belongs to another epoch (a pending epoch that was abandoned, or
+// none): only the active epoch's barrier holds anything.
+func (s *scope) activeBarrier() *poolctl.OrderBarrier {
+	if s.barrier == nil || s.snap == nil || s.snap.Active == nil || s.barrier.Epoch != s.snap.Active.Number {
+		return nil
+	}
+	return s.barrier
+}
+
+// barrierUp reports whether the active epoch's barrier still holds keys.
+func (s *scope) barrierUp() bool {
+	b := s.activeBarrier()
+	return b != nil && !b.Lifted()
+}
+
+// orderedChange says whether the change from w.active to w.pending keeps
+// per-key order, and why not when it does not.
+func (s *scope) orderedChange(w *changeWorld) (bool, string) {
+	if w.pending == nil {
+		return false, ""
+	}
+	return s.orderedShape(w.active, epochTopology(w.pending))
+}
+
+// orderedShape says whether a change from active to target keeps per-key
+// order, and why not when it does not.
+func (s *scope) orderedShape(active *poolctl.Epoch, target ownership.Topology) (bool, string) {
+	switch {
+	case s.topo.Spec.Rollout.Ordering != topologyv1.OrderingPerKey:
+		return false, ""
+	case s.topo.Spec.NATS.ShardAssignment != topologyv1.ShardAssignmentSubjectTransform:
+		return false, "spec.rollout.ordering PerKey needs spec.nats.shardAssignment SubjectTransform"
+	case active == nil || active.Shards == target.Shards:
+		return false, ""
+	case active.Partitions != target.Partitions:
+		return false, "a change of spec.partitions is not ordered (only a change of spec.shardsPerPartition is)"
+	}
+	return true, ""
+}
+
+// pendingHasBarrier reports whether the snapshot that shows w.pending
+// shows its barrier (read in the same statement).
+func (s *scope) pendingHasBarrier(w *changeWorld) bool {
+	return w.pending != nil && s.snap != nil && s.snap.Barrier != nil && s.snap.Barrier.Epoch == w.pending.Number
+}
+
+// barrierStart is the barrier a change from active to target starts
+// with: the old shards whose keys move and each partition stream's last
+// sequence, read now, while the transform routes over the active V.
+func (s *scope) barrierStart(ctx context.Context, active *poolctl.Epoch, target ownership.Topology) (poolctl.BarrierStart, error) {
+	preds, err := ownership.MovingShards(active.Shards, target.Shards)
+	if err != nil {
+		return poolctl.BarrierStart{}, err
+	}
+	nctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
+	defer cancel()
+	pos, err := natsops.StreamPositions(nctx, s.nc, layoutFor(s.topo, epochTopology(active)))
+	if err != nil {
+		return poolctl.BarrierStart{}, fmt.Errorf("read the partition streams before the switch: %w", err)
+	}
+	before := make(map[int]uint64, len(pos))
+	for p, sp := range pos {
+		before[p] = sp.LastSeq
+	}
+	return poolctl.BarrierStart{FromShards: active.Shards, Before: before, Predecessors: preds}, nil
+}
+
+// createPending writes target as the pending epoch: with its order
+// barrier, in the same transaction, when the change keeps per-key order.
+func (s *scope) createPending(ctx context.Context, w *changeWorld) (int64, error) {
+	if ordered, _ := s.orderedShape(w.active, w.target); !ordered {
+		return s.reg.CreatePending(ctx, s.registryKey(), w.target.Partitions, w.target.Shards)
+	}
+	ob, ok := s.reg.(poolctl.OrderBarriers)
+	if !ok {
+		return 0, errNoOrderBarriers
+	}
+	st, err := s.barrierStart(ctx, w.active, w.target)
+	if err != nil {
+		return 0, err
+	}
+	epoch, err := ob.CreateOrderedPending(ctx, s.registryKey(), w.target.Partitions, w.target.Shards, st)
+	if err != nil {
+		return 0, err
+	}
+	return epoch, s.readBarrier(ctx)
+}
+
+// orderBarrier is the reconcile step that moves the active epoch's barrier
+// on: it records each partition's switch once the transform moved, and
+// lifts the old units that acknowledged every row up to it.
+func orderBarrier(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
+	if s.snap == nil || !s.barrierUp() || s.nc == nil || !s.nc.IsConnected() {
+		return ctrl.Result{}, nil
+	}
+	b := s.activeBarrier()
+	ob := s.reg.(poolctl.OrderBarriers)
+	nctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
+	defer cancel()
+	l := layoutFor(s.topo, epochTopology(s.snap.Active))
+	rep := &barrierReport{drains: map[ownership.Unit]natsops.Drain{}}
+	s.barrierRep = rep
+	var (
+		pos    map[int]natsops.StreamPosition
+		posErr error
+	)
+	for i := range b.Partitions {
+		pb := &b.Partitions[i]
+		if !pb.Switched {
+			if pos == nil && posErr == nil {
+				if pos, posErr = natsops.StreamPositions(nctx, s.nc, l); posErr != nil {
+					// A NATS failure must not hold the steps after this
+					// one (the pod roll, the retiring set): say it, and
+					// look again.
+					rep.unread = append(rep.unread, fmt.Sprintf("streams: %v", posErr))
+				}
+			}
+			if posErr != nil {
+				continue
+			}
+			sp := pos[pb.Partition]
+			if !sp.Routed {
+				// The transform has not moved here yet (the
+				// activation's provisioning failed): rows may still be
+				// routed over the old V, so no switch can be found.
+				rep.unrouted = append(rep.unrouted, pb.Partition)
+				continue
+			}
+			seq, err := s.findSwitch(nctx, l, pb.Partition, pb.BeforeSeq, sp.LastSeq, b.FromShards, b.ToShards)
+			if err != nil {
+				rep.unread = append(rep.unread, fmt.Sprintf("partition %d's switch: %v", pb.Partition, err))
+				continue
+			}
+			if err := ob.RecordSwitch(ctx, s.registryKey(), b.Epoch, pb.Partition, seq); err != nil {
+				return ctrl.Result{}, fmt.Errorf("order barrier: %w", err)
+			}
+			s.changed = true
+			pb.SwitchSeq, pb.Switched = seq, true
+			log.FromContext(ctx).Info("Transform switch recorded", "epoch", b.Epoch, "partition", pb.Partition, "switchSeq", seq,
+				"beforeSeq", pb.BeforeSeq, "readAfter", sp.LastSeq)
+		}
+		var lift []int
+		for _, old := range pb.Waiting() {
+			d, err := natsops.DrainedTo(nctx, s.nc, l, pb.Partition, old, pb.SwitchSeq)
+			if err != nil {
+				rep.unread = append(rep.unread, fmt.Sprintf("%s: %v", ownership.Unit{Partition: pb.Partition, Shard: old}, err))
+				continue
+			}
+			if d.Drained {
+				lift = append(lift, old)
+				continue
+			}
+			rep.drains[ownership.Unit{Partition: pb.Partition, Shard: old}] = d
+		}
+		if len(lift) == 0 {
+			continue
+		}
+		if err := ob.LiftPredecessors(ctx, s.registryKey(), b.Epoch, pb.Partition, lift); err != nil {
+			return ctrl.Result{}, fmt.Errorf("order barrier: %w", err)
+		}
+		s.changed = true
+		for j := range pb.Predecessors {
+			if slices.Contains(lift, pb.Predecessors[j].Shard) {
+				pb.Predecessors[j].LiftedAt = s.now
+			}
+		}
+	}
+	if len(rep.unread) > 0 {
+		log.FromContext(ctx).Info("Order barrier: NATS did not answer for some old units", "unread", firstN(rep.unread, 4))
+	}
+	at := metav1.NewTime(s.now)
+	rep.checkedAt = &at
+	if b.Lifted() {
+		r.event(s, eventNormal, "OrderBarrierLifted", "OrderBarrier",
+			"every old unit of epoch %d's change of V (%d -> %d shards) acknowledged its rows up to the switch; moved keys flow in their new units",
+			b.Epoch, b.FromShards, b.ToShards)
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{RequeueAfter: pollFast}, nil
+}
+
+// findSwitch finds partition p's switch between before and after.
+func (s *scope) findSwitch(ctx context.Context, l natsops.Layout, p int, before, after uint64, from, to int) (uint64, error) {
+	return ownership.FindSwitch(before, after, func(seq uint64) (ownership.Routing, error) {
+		row, ok, err := natsops.RowAt(ctx, s.nc, l, p, seq)
+		if err != nil || !ok {
+			return ownership.RoutedEither, err
+		}
+		return ownership.RoutedBy(row.Key, row.Shard, from, to), nil
+	})
+}
+
+// maxBarrierListed bounds the units status names.
+const maxBarrierListed = 16
+
+// orderBarrierStatus is the barrier as status shows it: from the
+// registry's rows and, for the old units not lifted, what this reconcile
+// read of them in NATS. nil without an active barrier.
+func orderBarrierStatus(b *poolctl.OrderBarrier, rep *barrierReport) *topologyv1.OrderBarrierStatus {
+	if b == nil {
+		return nil
+	}
+	st := &topologyv1.OrderBarrierStatus{Epoch: b.Epoch, FromShards: int32(b.FromShards), ToShards: int32(b.ToShards),
+		Partitions: int32(len(b.Partitions))}
+	feeds := make(map[int][]int) // new shard -> old shards
+	pairs, _ := ownership.BarrierPairs(b.FromShards, b.ToShards)
+	for _, p := range pairs {
+		feeds[p.New] = append(feeds[p.New], p.Old)
+	}
+	for _, pb := range b.Partitions {
+		if pb.Switched {
+			st.Switched++
+		}
+		for _, pr := range pb.Predecessors {
+			st.Predecessors++
+			if pr.Lifted() {
+				st.Lifted++
+			} else if len(st.Draining) < maxBarrierListed {
+				u := ownership.Unit{Partition: pb.Partition, Shard: pr.Shard}
+				bd := topologyv1.BarrierDrain{Unit: u.String()}
+				if pb.Switched {
+					seq := int64(pb.SwitchSeq)
+					bd.SwitchSeq = &seq
+				}
+				if rep != nil {
+					if d, ok := rep.drains[u]; ok {
+						bd.AckFloor, bd.FirstOpen, bd.Pending, bd.AckPending = int64(d.AckFloor), int64(d.FirstOpen), int64(d.Pending), int64(d.AckPending)
+						st.Draining = append(st.Draining, bd)
+					}
+				}
+			}
+		}
+		for s := 0; s < b.ToShards; s++ {
+			var waits []string
+			for _, old := range feeds[s] {
+				if !pb.Lifted(old) {
+					waits = append(waits, ownership.Unit{Partition: pb.Partition, Shard: old}.String())
+				}
+			}
+			if len(waits) == 0 {
+				continue
+			}
+			st.UnitsWaiting++
+			if len(st.Waiting) < maxBarrierListed {
+				st.Waiting = append(st.Waiting, topologyv1.BarrierWait{Unit: ownership.Unit{Partition: pb.Partition, Shard: s}.String(), For: waits})
+			}
+		}
+	}
+	if rep != nil {
+		st.CheckedAt = rep.checkedAt
+		st.Unread = rep.unread[:min(len(rep.unread), maxBarrierListed)]
+	}
+	return st
+}
+
+// barrierMessage says in words what the barrier holds, "" when nothing.
+func barrierMessage(st *topologyv1.OrderBarrierStatus) string {
+	if st == nil || st.UnitsWaiting == 0 {
+		return ""
+	}
+	var names []string
+	for _, w := range st.Waiting {
+		names = append(names, fmt.Sprintf("%s for %v", w.Unit, w.For))
+	}
+	msg := fmt.Sprintf("order barrier of epoch %d (%d -> %d shards): %d units hold moved keys' rows until their old units drain (%d/%d old units drained, %d/%d switches recorded)",
+		st.Epoch, st.FromShards, st.ToShards, st.UnitsWaiting, st.Lifted, st.Predecessors, st.Switched, st.Partitions)
+	if len(names) > 0 {
+		msg += ": " + firstN(names, 3)
+	}
+	return msg
+}
