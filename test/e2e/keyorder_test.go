@@ -58,7 +58,7 @@ func perKey(st *topologyv1.ShardTopology) { st.Spec.Rollout.Ordering = topologyv
 // a 3-server NATS cluster and PostgreSQL, SubjectTransform assignment,
 // a publisher of keyed rows (pkg/publish's subjects, a sequence per key).
 // Just before the change a burst of rows lands in the old units and every
-// worker's sink slows to 100 ms a row, so the old units still hold a
+// worker's sink slows (100 ms a row, more for more old units), so the old units still hold a
 // backlog when the new epoch is activated (asserted, from the evidence:
 // rows published before the activation and not acknowledged by then).
 // Without an ordering barrier (ordering None) the new units deliver moved
@@ -116,11 +116,9 @@ func TestKeyOrderAcrossAChangeOfV(t *testing.T) {
 				if r.v.KeyInversions != 0 {
 					t.Errorf("ordering PerKey: %d cross-unit per-key inversions, want 0", r.v.KeyInversions)
 				}
-				// A gross bound only (the goal, drain + 1 s, is reported):
-				// a moved key waits for its old unit's drain and the
-				// operator's next look (every second), not for a timeout.
-				if bound := r.drained + 30*time.Second; r.cost.moved.max > bound {
-					t.Errorf("a moved key's row waited %s for its first delivery, beyond the drain (%s) + 30 s", r.cost.moved.max, r.drained)
+				if bound := movedWaitBound(r); r.cost.moved.max > bound {
+					t.Errorf("a moved key's row waited %s for its first delivery, beyond %s (the longer of the drain, %s, and an unmoved key's longest wait, %s, + 30 s)",
+						r.cost.moved.max, bound, r.drained, r.cost.unmoved.max)
 				}
 			default:
 				if r.v.KeyInversions == 0 {
@@ -129,6 +127,19 @@ func TestKeyOrderAcrossAChangeOfV(t *testing.T) {
 			}
 		})
 	}
+}
+
+// movedWaitBound is a gross bound on a moved key's longest wait under
+// PerKey (the goal, drain + 1 s, is reported, not asserted): a moved key
+// waits for its old unit's drain and the operator's next look (every
+// second), not for a timeout. It cannot be the drain alone: while the
+// sinks are slow every key's rows queue too, and at 250 ms a row the
+// 24 units of 2x12 sink 96 rows a second, under the steady 100, so the
+// queue grows until the sinks speed up (a CI run: drain 58.7 s, unmoved
+// keys waited up to 86.2 s, moved ones 94.5 s). The barrier's cost is
+// what a moved key waits beyond the longer of the two.
+func movedWaitBound(r keyOrderResult) time.Duration {
+	return max(r.drained, r.cost.unmoved.max) + 30*time.Second
 }
 
 // keyOrderResult is what one run measured.
