@@ -40,6 +40,9 @@ type PublishedRow struct {
 	Seq   int64
 	Unit  ownership.Unit // as recorded: shard -1 under a subject transform
 	Acked time.Time      // when the stream's acknowledgement came back
+	// StreamSeq is the row's sequence in its partition's stream, from the
+	// stream's acknowledgement.
+	StreamSeq uint64
 }
 
 // Publisher sends rows with unique ids (the Nats-Msg-Id header), each of
@@ -258,12 +261,13 @@ func (p *Publisher) run(rate int) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err = p.js.PublishMsg(ctx, msg)
+		ack, err := p.js.PublishMsg(ctx, msg)
 		cancel()
 		if err != nil {
 			p.countFailed()
 			continue
 		}
+		row.StreamSeq = ack.Sequence
 		p.record(row)
 	}
 }
@@ -319,7 +323,8 @@ func (p *Publisher) burst(n *int, count int) error {
 		}
 		for i, fut := range futures {
 			select {
-			case <-fut.Ok():
+			case ack := <-fut.Ok():
+				rows[i].StreamSeq = ack.Sequence
 				p.record(rows[i])
 			case err := <-fut.Err():
 				return fmt.Errorf("publish %s: %w", rows[i].ID, err)

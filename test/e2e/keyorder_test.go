@@ -96,6 +96,9 @@ func TestKeyOrderAcrossAChangeOfV(t *testing.T) {
 			t.Logf("%s: backlog at activation %d rows (%d published just before the change), old units drained %s after activation; inversions across units %d (%d keys of %d), reorders within a unit %d, %d keyed rows delivered",
 				in.Name, r.backlog, in.Backlog, r.drained.Round(10*time.Millisecond), r.v.KeyInversions, r.v.KeysInverted, r.v.Keys, r.v.KeyReorders, r.v.KeyedRows)
 			t.Logf("%s: cost: %s", in.Name, r.cost)
+			if in.Ordering == historycheck.OrderingPerKey {
+				t.Logf("%s: barrier: %s", in.Name, r.barrier)
+			}
 			for _, x := range r.v.KeyInversionExamples {
 				t.Logf("inversion: %s", x)
 			}
@@ -151,6 +154,8 @@ type keyOrderResult struct {
 	backlog int
 	drained time.Duration
 	cost    keyOrderCost
+	// barrier splits a PerKey run's cost (zero under None).
+	barrier barrierTimes
 	err     error
 }
 
@@ -250,6 +255,15 @@ func runKeyOrder(t *testing.T, in keyOrderInput, ns string) keyOrderResult {
 	activated := activationOf(t, ev, in.To)
 	r.backlog, r.drained = backlogAt(ev, pub.Rows(), activated)
 	r.cost = costOf(ev, pub.Rows(), in.From, in.To, activated)
+	if in.Ordering == historycheck.OrderingPerKey {
+		// Reported, not judged: a barrier not read leaves the split out.
+		switch b, err := w.fleet.Registry.OrderBarrier(ctx, w.fleet.Topology); {
+		case err != nil || b == nil:
+			t.Logf("%s: no order barrier read after the change (%v): the cost is not split", in.Name, err)
+		default:
+			r.barrier = barrierTimesOf(ev, pub.Rows(), b, activated)
+		}
+	}
 	t.Logf("%s verdict:\n%s", in.Name, r.v.Table())
 	return r
 }
@@ -407,6 +421,85 @@ func costOf(in historycheck.Input, rows map[string]fleettest.PublishedRow, from,
 		}
 	}
 	return keyOrderCost{moved: summarize(moved), unmoved: summarize(unmoved)}
+}
+
+// barrierTimes splits what a moved key waits under PerKey into the parts
+// the barrier is made of, all from the activation: its predecessors'
+// drain to the switch S (their last row at or below S acknowledged), the
+// operator's lift (the registry's lifted_at), and a moved row's first
+// delivery after its predecessor's lift (the worker reading the lift,
+// then the new unit's own queue).
+type barrierTimes struct {
+	// drainedToS and lifted are the latest over the predecessors;
+	// liftLag is the longest lift after its own drain to S.
+	drainedToS, lifted, liftLag time.Duration
+	// afterLift summarizes moved rows stored above S: first delivery
+	// minus the later of their predecessor's lift and their own
+	// publication (negative: delivered before the lift, which the order
+	// check judges).
+	afterLift waits
+	// unswitched counts partitions whose S was never recorded.
+	unswitched int
+}
+
+func (b barrierTimes) String() string {
+	return fmt.Sprintf("predecessors drained to S by %s after the activation, lifted by %s (each at most %s after its drain to S); moved rows' first delivery after their predecessor's lift: %s; partitions without S %d",
+		b.drainedToS.Round(10*time.Millisecond), b.lifted.Round(10*time.Millisecond), b.liftLag.Round(10*time.Millisecond), b.afterLift, b.unswitched)
+}
+
+// barrierTimesOf measures barrierTimes from the evidence, the publisher's
+// stream sequences and the registry's barrier.
+func barrierTimesOf(in historycheck.Input, rows map[string]fleettest.PublishedRow, b *poolctl.OrderBarrier, activated time.Time) barrierTimes {
+	acked := firstRecords(in, history.KindAck, history.KindTerm)
+	delivered := firstRecords(in, history.KindDeliver)
+	type pred struct{ partition, shard int }
+	drained := map[pred]time.Time{}
+	lifts := map[pred]time.Time{}
+	var out barrierTimes
+	for _, pb := range b.Partitions {
+		if !pb.Switched {
+			out.unswitched++
+			continue
+		}
+		for _, pr := range pb.Predecessors {
+			k := pred{pb.Partition, pr.Shard}
+			lifts[k], drained[k] = pr.LiftedAt, activated
+		}
+	}
+	var after []time.Duration
+	for id, r := range rows {
+		k := pred{r.Unit.Partition, ownership.PartitionShard(r.Key, b.FromShards)}
+		lift, isPred := lifts[k]
+		if !isPred {
+			continue
+		}
+		pb, _ := b.Partition(k.partition)
+		if r.StreamSeq <= pb.SwitchSeq {
+			if at, ok := acked[id]; ok && at.After(drained[k]) {
+				drained[k] = at
+			}
+			continue
+		}
+		if at, ok := delivered[id]; ok && k.shard != ownership.PartitionShard(r.Key, b.ToShards) && !lift.IsZero() {
+			after = append(after, at.Sub(later(lift, r.Acked)))
+		}
+	}
+	for k, at := range drained {
+		out.drainedToS = max(out.drainedToS, at.Sub(activated))
+		if lift := lifts[k]; !lift.IsZero() {
+			out.lifted = max(out.lifted, lift.Sub(activated))
+			out.liftLag = max(out.liftLag, lift.Sub(at))
+		}
+	}
+	out.afterLift = summarize(after)
+	return out
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // killOldHolderMidDrain SIGKILLs the pod holding the old unit with the
