@@ -58,9 +58,10 @@ func perKey(st *topologyv1.ShardTopology) { st.Spec.Rollout.Ordering = topologyv
 // a 3-server NATS cluster and PostgreSQL, SubjectTransform assignment,
 // a publisher of keyed rows (pkg/publish's subjects, a sequence per key).
 // Just before the change a burst of rows lands in the old units and every
-// worker's sink slows (100 ms a row, more for more old units), so the old units still hold a
-// backlog when the new epoch is activated (asserted, from the evidence:
-// rows published before the activation and not acknowledged by then).
+// worker's sink slows (100 ms a row, more for more old units), so the
+// old units still hold a backlog when the new epoch is activated
+// (asserted, from the evidence: rows published before the activation
+// and not acknowledged by then).
 // Without an ordering barrier (ordering None) the new units deliver moved
 // keys' new rows while their older rows wait in the old units: the
 // checker must count cross-unit per-key inversions. Under PerKey the
