@@ -35,6 +35,7 @@ import (
 //	shardkeeper_reset_permission_allowed{namespace,name}    1 when the published verdict allows RESET-based takeover
 //	shardkeeper_takeover_reset_blocked{namespace,name,reason}     1 for the reason RESET is refused now, 0 for the others
 //	shardkeeper_reset_permission_denials_total{namespace,name,reason}  verdicts published that refused RESET, by reason
+//	shardkeeper_reconcile_step_duration_seconds{step}       wall-clock time of each reconcile step over every topology (the status patch is step PatchStatus)
 //
 // Takeovers themselves happen in the workers (shardkeeper_worker_takeovers_total
 // by outcome); the operator reports only what it decided: whether the
@@ -92,7 +93,18 @@ var (
 		Name: "shardkeeper_reset_permission_denials_total",
 		Help: "RESET permissions published that refused RESET-based takeover, by reason.",
 	}, []string{"namespace", "name", "reason"})
+	// reconcileStepSeconds splits controller-runtime's reconcile time by
+	// step, so a slow reconcile says where it waited (issue 23). Not per
+	// topology: the series would grow with the topologies.
+	reconcileStepSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "shardkeeper_reconcile_step_duration_seconds",
+		Help:    "Wall-clock time of each step of a ShardTopology reconcile, over every topology; the status patch that ends a reconcile is step PatchStatus.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .2, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"step"})
 )
+
+// stepPatchStatus is the step label of the status patch that ends a reconcile.
+const stepPatchStatus = "PatchStatus"
 
 // Unit states, the values of shardkeeper_units' state label.
 const (
@@ -126,7 +138,7 @@ var gaugeVecs = []*prometheus.GaugeVec{
 // Collectors returns every collector the operator registers, so a test can
 // check dashboards and alerts against the names it really exports.
 func Collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{resetDenialsCounter}
+	cs := []prometheus.Collector{resetDenialsCounter, reconcileStepSeconds}
 	for _, g := range gaugeVecs {
 		cs = append(cs, g)
 	}

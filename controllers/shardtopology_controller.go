@@ -137,7 +137,10 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		}
 		obs := s.observation(statusErr)
 		compute := func(t *topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return computeStatus(t, obs, s.now) }
-		if err := r.patchStatus(ctx, s, compute); err != nil {
+		began := time.Now()
+		err := r.patchStatus(ctx, s, compute)
+		reconcileStepSeconds.WithLabelValues(stepPatchStatus).Observe(time.Since(began).Seconds())
+		if err != nil {
 			// A status that did not land is retried even after a
 			// terminal error: the step's error was logged already, and
 			// the stall it reports must reach status.

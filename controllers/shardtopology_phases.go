@@ -198,7 +198,9 @@ var reconcileSteps = []step{
 func runSteps(ctx context.Context, r *ShardTopologyReconciler, s *scope, steps []step) (ctrl.Result, error) {
 	var result ctrl.Result
 	for _, st := range steps {
+		began := time.Now()
 		res, err := st.run(ctx, r, s)
+		reconcileStepSeconds.WithLabelValues(st.name).Observe(time.Since(began).Seconds())
 		if stall := (*StallError)(nil); err != nil && s.stall != nil && errors.As(err, &stall) {
 			// A step deep in an action stalled (a NATS refusal): the
 			// stall below ends the pass, not an error's backoff.

@@ -41,6 +41,13 @@ func TestReconcileHistogramLinesParse(t *testing.T) {
 	if err != nil || !math.IsInf(le, 1) {
 		t.Fatalf("+Inf bucket: %v, %v", le, err)
 	}
+	line := `shardkeeper_reconcile_step_duration_seconds_bucket{step="Census",le="0.5"} 3`
+	if got := labelValue(line, "step"); got != "Census" {
+		t.Errorf("labelValue(step) = %q, want Census", got)
+	}
+	if got := labelValue(line, "controller"); got != "" {
+		t.Errorf("labelValue of an absent label = %q, want empty", got)
+	}
 }
 
 func TestHistogramDeltaCountsOnlyTheWindow(t *testing.T) {

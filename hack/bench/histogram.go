@@ -22,37 +22,73 @@ type histogram struct {
 // reconcileHistogram scrapes the operator's controller_runtime_reconcile_
 // time_seconds for the ShardTopology controller.
 func (p *operatorProc) reconcileHistogram() (histogram, error) {
+	hs, err := p.histograms("controller_runtime_reconcile_time_seconds", "controller")
+	if err != nil {
+		return histogram{}, err
+	}
+	h, ok := hs["shardtopology"]
+	if !ok {
+		return histogram{}, fmt.Errorf("no controller_runtime_reconcile_time_seconds for the shardtopology controller")
+	}
+	return h, nil
+}
+
+// stepHistograms scrapes the operator's shardkeeper_reconcile_step_
+// duration_seconds, by step.
+func (p *operatorProc) stepHistograms() (map[string]histogram, error) {
+	return p.histograms("shardkeeper_reconcile_step_duration_seconds", "step")
+}
+
+// histograms scrapes the histogram name from the operator's /metrics, one
+// per value of the label by.
+func (p *operatorProc) histograms(name, by string) (map[string]histogram, error) {
 	c := http.Client{Timeout: 10 * time.Second}
 	resp, err := c.Get("http://" + p.metricsAddr + "/metrics")
 	if err != nil {
-		return histogram{}, fmt.Errorf("scrape the operator's metrics: %w", err)
+		return nil, fmt.Errorf("scrape the operator's metrics: %w", err)
 	}
 	defer resp.Body.Close()
-	h := histogram{counts: map[float64]float64{}}
+	hs := map[string]histogram{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	const name = "controller_runtime_reconcile_time_seconds_bucket{"
+	prefix := name + "_bucket{"
 	for sc.Scan() {
 		l := sc.Text()
-		if !strings.HasPrefix(l, name) || !strings.Contains(l, `controller="shardtopology"`) {
+		if !strings.HasPrefix(l, prefix) {
 			continue
 		}
+		key := labelValue(l, by)
 		le, n, err := parseBucket(l)
 		if err != nil {
-			return histogram{}, err
+			return nil, err
+		}
+		h, ok := hs[key]
+		if !ok {
+			h = histogram{counts: map[float64]float64{}}
 		}
 		h.counts[le] = n
 		h.bounds = append(h.bounds, le)
+		hs[key] = h
 	}
 	if err := sc.Err(); err != nil {
-		return histogram{}, err
+		return nil, err
 	}
-	if len(h.bounds) == 0 {
-		return histogram{}, fmt.Errorf("no controller_runtime_reconcile_time_seconds for the shardtopology controller")
+	for k, h := range hs {
+		sort.Float64s(h.bounds)
+		h.count = h.counts[math.Inf(1)]
+		hs[k] = h
 	}
-	sort.Float64s(h.bounds)
-	h.count = h.counts[math.Inf(1)]
-	return h, nil
+	return hs, nil
+}
+
+// labelValue reads label's value from a series line, "" when absent.
+func labelValue(line, label string) string {
+	_, rest, ok := strings.Cut(line, label+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
 }
 
 // parseBucket reads `..._bucket{controller="x",le="0.2"} 12`.

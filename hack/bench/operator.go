@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -62,6 +63,8 @@ type opRun struct {
 	p99        time.Duration
 	p99Over    bool // p99 beyond the histogram's last finite bucket
 	reconciles int
+	// steps are the reconcile's steps over the window, slowest p99 first.
+	steps []stepTime
 	// traffic is what NATS sent the operator's connections over the
 	// window, by connection role.
 	traffic  map[string]int64
@@ -191,6 +194,10 @@ func (w *opWorld) measure(ctx context.Context, bin string, v opVariant) (opRun, 
 	if err != nil {
 		return r, err
 	}
+	stepsBefore, err := p.stepHistograms()
+	if err != nil {
+		return r, err
+	}
 	sentBefore, err := w.operatorTraffic(ctx)
 	if err != nil {
 		return r, err
@@ -213,6 +220,11 @@ func (w *opWorld) measure(ctx context.Context, bin string, v opVariant) (opRun, 
 	if err != nil {
 		return r, err
 	}
+	stepsAfter, err := p.stepHistograms()
+	if err != nil {
+		return r, err
+	}
+	r.steps = stepTimes(stepsBefore, stepsAfter)
 	sentAfter, err := w.operatorTraffic(ctx)
 	if err != nil {
 		return r, err
@@ -458,8 +470,8 @@ func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
 		sh.topologies, sh.partitions, sh.shards, sh.members, sh.secrets, sh.secretBytes, opUnrelated, ms(w.setup)),
 		fmt.Sprintf("each run: the operator process starts, every topology it watches becomes Ready with all units owned, then %s of steady state: VmRSS every second (max reported), reconcile p99 from controller_runtime_reconcile_time_seconds over the window, bytes NATS sent its connections (CONNZ out_bytes, by the role in the connection's name); runs alternate", opWindow)}
 	for _, r := range runs {
-		notes = append(notes, fmt.Sprintf("%s: ready after %s; RSS max %s, median %s; reconcile p99 %s over %d reconciles; NATS sent %s to its census connections and %s to its stream connections over the window",
-			r.variant, ms(r.ready), mib(maxOf(r.rss)), mib(medianRSS(r.rss)), p99String(r), r.reconciles, mib(r.traffic["system"]), mib(r.traffic["streams"])))
+		notes = append(notes, fmt.Sprintf("%s: ready after %s; RSS max %s, median %s; reconcile p99 %s over %d reconciles (steps by p99: %s); NATS sent %s to its census connections and %s to its stream connections over the window",
+			r.variant, ms(r.ready), mib(maxOf(r.rss)), mib(medianRSS(r.rss)), p99String(r), r.reconciles, stepsString(r.steps, 4), mib(r.traffic["system"]), mib(r.traffic["streams"])))
 	}
 	rss := result{row: sh.row, what: "operator RSS, steady state, " + sh.what,
 		measured: mib(rssOf(cur)), baseline: mib(rssOf(base)) + " (" + vs[0].name + ")",
@@ -509,4 +521,44 @@ func p99String(r opRun) string {
 		return "> " + ms(r.p99)
 	}
 	return ms(r.p99)
+}
+
+// stepTime is one reconcile step's time over a window.
+type stepTime struct {
+	step  string
+	p99   time.Duration
+	over  bool
+	count int
+}
+
+// stepTimes are the steps' p99 over the window between two scrapes,
+// slowest first.
+func stepTimes(before, after map[string]histogram) []stepTime {
+	var ts []stepTime
+	for step, h := range after {
+		d := h.minus(before[step])
+		if d.count == 0 {
+			continue
+		}
+		p99, over := d.quantile(0.99)
+		ts = append(ts, stepTime{step: step, p99: p99, over: over, count: int(d.count)})
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].p99 > ts[j].p99 })
+	return ts
+}
+
+// stepsString names the first n steps of ts with their p99 and count.
+func stepsString(ts []stepTime, n int) string {
+	var parts []string
+	for _, t := range ts[:min(n, len(ts))] {
+		p := ms(t.p99)
+		if t.over {
+			p = "> " + p
+		}
+		parts = append(parts, fmt.Sprintf("%s %s over %d", t.step, p, t.count))
+	}
+	if len(parts) == 0 {
+		return "none scraped"
+	}
+	return strings.Join(parts, ", ")
 }
