@@ -74,6 +74,9 @@ type topologyConns struct {
 	// announced are units whose retirement an Event already reported;
 	// RetireConsumers counts a consumer already gone as retired again.
 	announced map[string]bool
+	// census is the census running off the reconcile path, or done and
+	// not yet published (census_runs.go); nil when none.
+	census *censusRun
 	// censusTaken says this process attempted a census of the topology;
 	// pending is what the recent successful ones counted, oldest first.
 	censusTaken bool
@@ -296,12 +299,17 @@ func (c *Connections) forgetProvisioned(key types.NamespacedName) {
 	c.markProvisioned(key, "", time.Time{})
 }
 
-// setCensusDue asks for a census at the next reconcile.
+// setCensusDue asks for a census at the next reconcile; asking drops the
+// census running, so the one published next was started after the ask.
 func (c *Connections) setCensusDue(key types.NamespacedName, due bool) {
 	e := c.entry(key)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.censusDue = due
+	if due && e.census != nil {
+		e.census.cancel()
+		e.census = nil
+	}
 }
 
 func (c *Connections) censusDue(key types.NamespacedName) bool {
@@ -392,6 +400,10 @@ func (c *Connections) CloseAll() {
 func (e *topologyConns) close() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.census != nil {
+		e.census.cancel()
+		e.census = nil
+	}
 	if e.reg != nil {
 		e.reg.Close()
 		e.reg, e.opReg = nil, nil

@@ -16,6 +16,8 @@
 //   - shardtopology_roll.go: the pod-by-pod roll;
 //   - shardtopology_census.go: the census and the RESET verdict (with the
 //     floor and every server's version, for the workers' GuardedReset);
+//   - census_runs.go: censuses running off the reconcile path, each at
+//     its topology's slot, and which finished one may be published;
 //   - shardtopology_flow.go: whether owned units flow, judged from the
 //     workers' activity reports and the census's pending rows (stalled and
 //     multiply-owned units);

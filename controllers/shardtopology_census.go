@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -17,15 +18,17 @@ import (
 
 // The census (design.md section 6, promise P4) reads every NATS server's
 // version through the system account. The operator takes one at least
-// every CensusInterval, after every epoch activation and spec change, and
-// publishes its verdict in the registry right after each one: workers RESET
-// a consumer on takeover only under a verdict that allows it and is younger
-// than their own bound. Without system credentials, or when the census
-// fails, the verdict refuses RESET (fail closed); takeover then waits for
-// ack_wait. A floor not met does not stall the topology: it only turns
-// RESET off. The census also counts each unit consumer's pending rows,
-// which status uses to find owned units whose rows wait; the first
-// reconcile after an operator start takes one, so those counts exist.
+// every CensusInterval (at the topology's slot), after every epoch
+// activation and spec change, off the reconcile path (census_runs.go), and
+// publishes its verdict in the registry at the reconcile after each one
+// finished: workers RESET a consumer on takeover only under a verdict that
+// allows it and is younger than their own bound. Without system
+// credentials, or when the census fails, the verdict refuses RESET (fail
+// closed); takeover then waits for ack_wait. A floor not met does not stall
+// the topology: it only turns RESET off. The census also counts each unit
+// consumer's pending rows, which status uses to find owned units whose
+// rows wait; the first reconcile after an operator start starts one, so
+// those counts exist.
 
 // DefaultCensusInterval is how often the census runs when nothing else
 // asks for one.
@@ -50,6 +53,8 @@ type censusReport struct {
 }
 
 // censusDue reports whether a census should run now, and if not, when.
+// Unless something asks for one, a census falls due at the topology's slot
+// (censusSlot), at most CensusInterval after the last.
 func (r *ShardTopologyReconciler) censusDue(s *scope) (bool, time.Duration) {
 	st := s.topo.Status
 	interval := r.censusInterval()
@@ -64,27 +69,24 @@ func (r *ShardTopologyReconciler) censusDue(s *scope) (bool, time.Duration) {
 	case st.ObservedGeneration != s.topo.Generation:
 		return true, 0 // the floor or the NATS servers may have changed
 	}
-	age := s.now.Sub(st.Census.ObservedAt.Time)
-	if age >= interval || age < 0 {
+	last := st.Census.ObservedAt.Time
+	if s.now.Before(last) {
+		return true, 0 // a clock step back: the census's age is unknown
+	}
+	wait := nextCensusAt(last, interval, censusSlot(s.key, interval)).Sub(s.now)
+	if wait <= 0 {
 		return true, 0
 	}
-	return false, interval - age
+	return false, wait
 }
 
-// takeCensus runs the census when due and publishes the RESET verdict.
+// takeCensus publishes the RESET verdict of a census that finished and
+// still answers the current question, and starts a census when one is due
+// (off the reconcile path: census_runs.go).
 func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
-	due, wait := r.censusDue(s)
-	if !due {
+	rep, wait := r.censusToPublish(ctx, s)
+	if rep == nil {
 		return ctrl.Result{RequeueAfter: wait}, nil
-	}
-	rep := s.census
-	switch {
-	case rep != nil:
-		// Connect could not open the system connection: fail closed.
-	case s.topo.Spec.NATS.SystemCredentialsSecretRef == nil:
-		rep = &censusReport{noSystemCredentials: true}
-	default:
-		rep = r.census(ctx, s)
 	}
 	rep.judge()
 	if err := s.reg.PublishResetPermission(ctx, s.registryKey(), rep.permission(time.Now())); err != nil {
@@ -99,13 +101,59 @@ func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl
 			"servers below the version floor %s: %s; RESET-based takeover is off, takeover waits for ack_wait (%s)",
 			rep.census.Floor, serversWithVersions(rep.census, 6), s.topo.Spec.NATS.AckWaitOrDefault())
 	}
-	return ctrl.Result{RequeueAfter: r.censusInterval()}, nil
+	next := r.censusInterval()
+	if rep.census != nil {
+		next = time.Until(nextCensusAt(rep.census.TakenAt, next, censusSlot(s.key, next)))
+	}
+	return ctrl.Result{RequeueAfter: max(next, pollFast)}, nil
 }
 
-// census takes one census of the servers hosting the unit consumers of the
-// active and pending epochs (or the spec's, before any epoch exists).
-func (r *ShardTopologyReconciler) census(ctx context.Context, s *scope) *censusReport {
-	if s.sys == nil {
+// censusToPublish returns the census whose verdict this reconcile
+// publishes, or nil and when to look again. A finished census is published
+// if it answers the current question, whether or not another is due; a
+// verdict needing no NATS (no system connection) is made at once.
+func (r *ShardTopologyReconciler) censusToPublish(ctx context.Context, s *scope) (*censusReport, time.Duration) {
+	var q censusQuestion
+	stale := false // a census was dropped for answering another question
+	if s.census == nil && s.topo.Spec.NATS.SystemCredentialsSecretRef != nil {
+		q = s.censusQuestion()
+		if run := r.conns().census(s.key); run != nil {
+			rep := run.finished()
+			switch {
+			case run.question != q:
+				r.conns().dropCensus(s.key, run)
+				stale = true
+			case rep != nil:
+				r.conns().dropCensus(s.key, run)
+				return rep, 0
+			default:
+				return nil, censusTimeout // running; it wakes the topology when done
+			}
+		}
+	}
+	due, wait := r.censusDue(s)
+	switch {
+	case !due && !stale:
+		return nil, wait
+	case s.census != nil:
+		// Connect could not open the system connection: fail closed.
+		return s.census, 0
+	case s.topo.Spec.NATS.SystemCredentialsSecretRef == nil:
+		return &censusReport{noSystemCredentials: true}, 0
+	}
+	sys, nc, floor, refs, logger := s.sys, s.nc, q.floor, s.censusConsumers(), log.FromContext(ctx)
+	r.conns().startCensus(s.key, q, func(ctx context.Context) *censusReport {
+		return census(log.IntoContext(ctx, logger), sys, nc, floor, refs)
+	}, r.censusWaker(s.key))
+	return nil, censusTimeout
+}
+
+// census takes one census of the servers hosting refs, the unit consumers
+// of the active and pending epochs (or the spec's, before any epoch
+// exists). It runs outside any reconcile, so it touches nothing but its
+// arguments.
+func census(ctx context.Context, sys, nc *nats.Conn, floor string, refs []natsops.ConsumerRef) *censusReport {
+	if sys == nil {
 		return &censusReport{failed: "no system account connection"}
 	}
 	cctx, cancel := context.WithTimeout(ctx, censusTimeout)
@@ -113,17 +161,13 @@ func (r *ShardTopologyReconciler) census(ctx context.Context, s *scope) *censusR
 	// The unit consumers are listed per stream through the topology's own
 	// connection, so a census reads this topology's consumers only, not
 	// every consumer of the NATS cluster (issue 23).
-	c, err := natsops.TakeCensus(cctx, s.sys, natsops.CensusOptions{
-		Floor:     s.topo.Spec.NATS.VersionFloorOrDefault(),
-		Consumers: s.censusConsumers(),
-		JetStream: s.nc,
-	})
+	c, err := natsops.TakeCensus(cctx, sys, natsops.CensusOptions{Floor: floor, Consumers: refs, JetStream: nc})
 	if err != nil {
 		msg := err.Error()
 		switch {
-		case !s.sys.IsConnected():
+		case !sys.IsConnected():
 			// No server answers at all: credentials are not the question.
-			msg = fmt.Sprintf("NATS servers unreachable: the system-account connection is %s: %v", natsStatusText(s.sys.Status()), err)
+			msg = fmt.Sprintf("NATS servers unreachable: the system-account connection is %s: %v", natsStatusText(sys.Status()), err)
 		case errors.Is(err, natsops.ErrNoReplies):
 			msg += "; spec.nats.systemCredentialsSecretRef must name a system-account user"
 		}

@@ -17,9 +17,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 )
@@ -71,6 +73,9 @@ type ShardTopologyReconciler struct {
 
 	once     sync.Once
 	ownConns *Connections
+	// censusDone carries the topologies whose census finished off the
+	// reconcile path (census_runs.go); SetupWithManager makes it.
+	censusDone chan event.TypedGenericEvent[types.NamespacedName]
 }
 
 // The operator's permissions, and nothing more (hack/verify checks that
@@ -338,9 +343,15 @@ func (r *ShardTopologyReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 	if o.FullSecretCache {
 		secretWatch = nil
 	}
+	r.censusDone = make(chan event.TypedGenericEvent[types.NamespacedName], 64)
+	censusDone := source.Channel(r.censusDone, handler.TypedEnqueueRequestsFromMapFunc(
+		func(_ context.Context, key types.NamespacedName) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: key}}
+		}))
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&topologyv1.ShardTopology{}).
+		WatchesRawSource(censusDone).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexSecretRefs)), secretWatch...).
 		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexStatefulSet))).
 		WithOptions(controller.Options{
