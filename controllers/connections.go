@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
@@ -81,6 +82,9 @@ type topologyConns struct {
 	// pending is what the recent successful ones counted, oldest first.
 	censusTaken bool
 	pending     []pendingRows
+	// secrets are the Secrets the spec names as last read from the API
+	// server, by name (readSecret).
+	secrets map[string]*corev1.Secret
 	// prunedAt is when this process last pruned the registry's history.
 	prunedAt time.Time
 }
@@ -297,6 +301,29 @@ func (c *Connections) markProvisioned(key types.NamespacedName, shape string, no
 // forgetProvisioned makes the next reconcile provision again.
 func (c *Connections) forgetProvisioned(key types.NamespacedName) {
 	c.markProvisioned(key, "", time.Time{})
+}
+
+// cachedSecret returns a copy of the topology's Secret name as last read,
+// if it was read at resourceVersion rv; nil otherwise.
+func (c *Connections) cachedSecret(key types.NamespacedName, name, rv string) *corev1.Secret {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if sec := e.secrets[name]; sec != nil && rv != "" && sec.ResourceVersion == rv {
+		return sec.DeepCopy()
+	}
+	return nil
+}
+
+// keepSecret remembers a copy of sec as the topology's Secret of its name.
+func (c *Connections) keepSecret(key types.NamespacedName, sec *corev1.Secret) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.secrets == nil {
+		e.secrets = map[string]*corev1.Secret{}
+	}
+	e.secrets[sec.Name] = sec.DeepCopy()
 }
 
 // setCensusDue asks for a census at the next reconcile; asking drops the

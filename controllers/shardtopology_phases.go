@@ -272,8 +272,8 @@ func checkSecrets(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ct
 	for _, ref := range secretRefs(&t.Spec) {
 		sec := s.secrets[ref.name]
 		if sec == nil {
-			sec = &corev1.Secret{}
-			err := r.secretReader().Get(ctx, types.NamespacedName{Namespace: t.Namespace, Name: ref.name}, sec)
+			var err error
+			sec, err = r.readSecret(ctx, s.key, types.NamespacedName{Namespace: t.Namespace, Name: ref.name})
 			switch {
 			case apierrors.IsNotFound(err):
 				s.stall = &StallError{Reason: topologyv1.ReasonSecretNotFound, Field: ref.field,

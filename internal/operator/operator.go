@@ -151,6 +151,8 @@ func New(ctx context.Context, cfg *rest.Config, o Options) (manager.Manager, err
 	}
 	if o.FullSecretCache {
 		r.SecretReader = mgr.GetClient()
+	} else {
+		r.SecretMetadata = mgr.GetCache()
 	}
 	// A process superseded as operator leader in a registry (another
 	// replica took the topology's operator token while this one was
