@@ -68,11 +68,24 @@ func (run *censusRun) finished() *censusReport {
 	}
 }
 
+// maxConcurrentCensuses bounds the censuses one operator runs at once, as
+// MaxConcurrentReconciles bounded them while they ran in the reconcile: at
+// an operator start every topology's census is due, and a hundred at once
+// against one nats-server would time out together.
+const maxConcurrentCensuses = 4
+
 // startCensus starts take in its own goroutine as the topology's census,
 // dropping (and cancelling) the one before, and calls wake when it is done.
+// It waits its turn among maxConcurrentCensuses.
 func (c *Connections) startCensus(key types.NamespacedName, q censusQuestion, take func(context.Context) *censusReport, wake func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &censusRun{question: q, cancel: cancel, done: make(chan struct{})}
+	c.mu.Lock()
+	if c.censusTurns == nil {
+		c.censusTurns = make(chan struct{}, maxConcurrentCensuses)
+	}
+	turns := c.censusTurns
+	c.mu.Unlock()
 	e := c.entry(key)
 	e.mu.Lock()
 	if e.census != nil {
@@ -82,7 +95,13 @@ func (c *Connections) startCensus(key types.NamespacedName, q censusQuestion, ta
 	e.mu.Unlock()
 	go func() {
 		defer cancel()
-		run.rep = take(ctx)
+		select {
+		case turns <- struct{}{}:
+			run.rep = take(ctx)
+			<-turns
+		case <-ctx.Done():
+			run.rep = &censusReport{failed: "dropped before it ran"}
+		}
 		close(run.done)
 		if ctx.Err() == nil {
 			wake()

@@ -95,3 +95,39 @@ func TestACensusAskedForDropsTheRunningOne(t *testing.T) {
 		t.Fatalf("finished census = %+v, want its report", rep)
 	}
 }
+
+// At most maxConcurrentCensuses run at once: the others wait their turn
+// and run when one ends.
+func TestCensusesWaitTheirTurn(t *testing.T) {
+	var c Connections
+	running, release, woke := make(chan struct{}, 10), make(chan struct{}), make(chan struct{}, 10)
+	n := maxConcurrentCensuses + 2
+	for i := range n {
+		key := types.NamespacedName{Namespace: "ns", Name: fmt.Sprint(i)}
+		c.startCensus(key, censusQuestion{}, func(context.Context) *censusReport {
+			running <- struct{}{}
+			<-release
+			return &censusReport{failed: "done"}
+		}, func() { woke <- struct{}{} })
+	}
+	for range maxConcurrentCensuses {
+		select {
+		case <-running:
+		case <-time.After(10 * time.Second):
+			t.Fatal("fewer than maxConcurrentCensuses censuses started")
+		}
+	}
+	select {
+	case <-running:
+		t.Fatalf("more than %d censuses run at once", maxConcurrentCensuses)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	for range n {
+		select {
+		case <-woke:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a census waiting its turn never ran")
+		}
+	}
+}

@@ -38,6 +38,8 @@ type Connections struct {
 	// superseded are the topologies whose operator token a newer leader
 	// took from this process; it never takes one again (operator_fence.go).
 	superseded map[types.NamespacedName]error
+	// censusTurns holds a token per census running (census_runs.go).
+	censusTurns chan struct{}
 }
 
 // topologyConns are one topology's connections and what the operator
