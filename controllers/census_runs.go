@@ -128,6 +128,28 @@ func (c *Connections) dropCensus(key types.NamespacedName, run *censusRun) {
 	run.cancel()
 }
 
+// setCensusTakenAt records when the census just published was taken.
+func (c *Connections) setCensusTakenAt(key types.NamespacedName, at time.Time) {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.censusTakenAt = at
+}
+
+// lastCensusAt is when the topology's last census was taken: status's
+// time, or this process's own record of it when later. Status keeps whole
+// seconds; from its time alone a census taken a fraction of a second
+// after its slot would find that slot still ahead and run again at once.
+func (c *Connections) lastCensusAt(key types.NamespacedName, status time.Time) time.Time {
+	e := c.entry(key)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.censusTakenAt.After(status) {
+		return e.censusTakenAt
+	}
+	return status
+}
+
 // censusWaker returns the function a finished census of key calls: it
 // queues a reconcile of the topology, or does nothing when the reconciler
 // runs without a manager (tests calling Reconcile themselves).

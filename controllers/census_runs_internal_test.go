@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 )
 
 // The next census falls on the topology's slot, after the last one and at
@@ -128,6 +131,35 @@ func TestCensusesWaitTheirTurn(t *testing.T) {
 		case <-woke:
 		case <-time.After(10 * time.Second):
 			t.Fatal("a census waiting its turn never ran")
+		}
+	}
+}
+
+// Status keeps a census's time in whole seconds: a census taken a fraction
+// of a second after its slot is not due again until the next interval.
+func TestACensusJustTakenIsNotDueAgainAtItsOwnSlot(t *testing.T) {
+	key := types.NamespacedName{Namespace: "ns", Name: "t"}
+	interval := 30 * time.Second
+	slot := censusSlot(key, interval)
+	for _, after := range []time.Duration{time.Millisecond, 400 * time.Millisecond, 999 * time.Millisecond} {
+		taken := nextCensusAt(time.Unix(1_700_000_000, 0), interval, slot).Add(after)
+		r := &ShardTopologyReconciler{CensusInterval: interval}
+		r.conns().addPendingRows(key, nil, time.Minute) // this process took one
+		r.conns().setCensusTakenAt(key, taken)
+		topo := &topologyv1.ShardTopology{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, Generation: 1}}
+		topo.Status.ObservedGeneration = 1
+		topo.Status.Census = &topologyv1.CensusStatus{ObservedAt: &metav1.Time{Time: taken.Truncate(time.Second)}}
+		now := taken.Add(100 * time.Millisecond)
+		due, wait := r.censusDue(newScope(topo, now))
+		if want := taken.Add(-after).Add(interval); due || !now.Add(wait).Equal(want) {
+			t.Errorf("taken %v after its slot: due %v, next in %v, want the next interval's slot", after, due, wait)
+		}
+		// Another process, which has only status, may take one early
+		// but never late.
+		other := &ShardTopologyReconciler{CensusInterval: interval}
+		other.conns().addPendingRows(key, nil, time.Minute)
+		if due, wait := other.censusDue(newScope(topo, now)); !due && now.Add(wait).Sub(taken) > interval {
+			t.Errorf("from status alone, the next census comes %v after the last, beyond the interval", now.Add(wait).Sub(taken))
 		}
 	}
 }

@@ -80,6 +80,9 @@ type topologyConns struct {
 	// census is the census running off the reconcile path, or done and
 	// not yet published (census_runs.go); nil when none.
 	census *censusRun
+	// censusTakenAt is when the last census this process published was
+	// taken, to the nanosecond: status keeps whole seconds.
+	censusTakenAt time.Time
 	// censusTaken says this process attempted a census of the topology;
 	// pending is what the recent successful ones counted, oldest first.
 	censusTaken bool

@@ -69,7 +69,7 @@ func (r *ShardTopologyReconciler) censusDue(s *scope) (bool, time.Duration) {
 	case st.ObservedGeneration != s.topo.Generation:
 		return true, 0 // the floor or the NATS servers may have changed
 	}
-	last := st.Census.ObservedAt.Time
+	last := r.conns().lastCensusAt(s.key, st.Census.ObservedAt.Time)
 	if s.now.Before(last) {
 		return true, 0 // a clock step back: the census's age is unknown
 	}
@@ -103,6 +103,7 @@ func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl
 	}
 	next := r.censusInterval()
 	if rep.census != nil {
+		r.conns().setCensusTakenAt(s.key, rep.census.TakenAt)
 		next = time.Until(nextCensusAt(rep.census.TakenAt, next, censusSlot(s.key, next)))
 	}
 	return ctrl.Result{RequeueAfter: max(next, pollFast)}, nil
