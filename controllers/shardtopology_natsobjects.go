@@ -151,6 +151,13 @@ const maxStrandedPlaces = 5
 // one in status (its checkedAt says how old it is) and is logged: it
 // informs, it decides nothing.
 func (s *scope) countStranded(ctx context.Context, r *ShardTopologyReconciler, active ownership.Topology) {
+	if natsUnreachable(s.nc) != "" {
+		// It cannot succeed, and waiting natsOpTimeout to learn that held
+		// every reconcile (and the status saying NATS is down) 10 s; the
+		// first reconcile that reaches NATS again counts (report forgets
+		// the provisioning, which makes the count due).
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
 	st, err := natsops.StrandedRows(cctx, s.nc, layoutFor(s.topo, active))
