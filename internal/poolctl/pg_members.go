@@ -44,6 +44,7 @@ func (p *PG) renewOnce(ctx context.Context, m MemberRef) (Lease, error) {
 
 		seq, tl, behindSeen int64
 		curTL               *int64
+		sysChanged          bool
 		reason              *string
 		seen                = p.marks.get(m.Topology)
 	)
@@ -59,11 +60,11 @@ func (p *PG) renewOnce(ctx context.Context, m MemberRef) (Lease, error) {
 			   AND coalesce((SELECT seq FROM s), 0) >= $4
 			RETURNING m.lease_expires_at, coalesce(m.slot, -1) AS slot)
 		SELECT t.now, `+paramsColsOf("t")+`, upd.lease_expires_at, upd.slot, `+memberCols("cur")+`,
-		       coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(),
+		       coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(), `+systemChangedOf("s")+`,
 		       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $4)
 		  FROM (SELECT 1) one LEFT JOIN t ON true LEFT JOIN cur ON true LEFT JOIN upd ON true LEFT JOIN s ON true`,
 		m.Topology, m.Member, m.Incarnation, seen).Scan(scanAll([]any{&now}, prm.dest(), []any{&expires, &slot}, cur.dest(),
-		[]any{&seq, &tl, &curTL, &reason, &behindSeen})...)
+		[]any{&seq, &tl, &curTL, &sysChanged, &reason, &behindSeen})...)
 	if err != nil {
 		if be, ok := RegistryBehind(err); ok {
 			be.Topology = m.Topology
@@ -76,7 +77,7 @@ func (p *PG) renewOnce(ctx context.Context, m MemberRef) (Lease, error) {
 	}
 	// A registry behind this client's mark changed nothing but its behind
 	// state (committed, so every other client is refused too).
-	if err := behindErr(m.Topology, seq, tl, curTL, reason, behindSeen); err != nil {
+	if err := behindErr(m.Topology, seq, tl, curTL, sysChanged, reason, behindSeen); err != nil {
 		return Lease{}, fmt.Errorf("renew %s: %w", m.Member, err)
 	}
 	if expires == nil {

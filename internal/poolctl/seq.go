@@ -130,17 +130,24 @@ func (p *PG) NoteSeq(topology string, seq int64) { p.marks.note(topology, seq) }
 // and records a refusal, so that every other client is refused too (until
 // Recover) even once new writes have raised the sequence past the mark.
 // It returns the sequence and the behind state after the statement.
-const checkSeqSQL = `
+var checkSeqSQL = `
 	WITH s AS (SELECT * FROM shardkeeper.registry_seq WHERE topology = $1),
 	mark AS (SELECT shardkeeper.report_seen($1, $2) AS behind_reason)
-	SELECT coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(),
+	SELECT coalesce(s.seq, 0), coalesce(s.timeline, 0), shardkeeper.current_timeline(), ` + systemChangedOf("s") + `,
 	       coalesce((SELECT behind_reason FROM mark), s.behind_reason), greatest(s.behind_seen, $2),
 	       coalesce(o.epoch, 0), coalesce(o.holder, '')
 	  FROM (SELECT 1) one LEFT JOIN s ON true LEFT JOIN shardkeeper.operator_tokens o ON o.topology = $1`
 
+// systemChangedOf is true when the server's system identifier differs
+// from the one the last write of registry_seq row a recorded (where both
+// are known: migration 0013).
+func systemChangedOf(a string) string {
+	return "coalesce(" + a + ".system_id <> shardkeeper.current_system_id(), false)"
+}
+
 // CheckSeq reads the registry's sequence of topology and refuses (a
 // *RegistryBehindError) when it is behind this client's mark, when its
-// timeline changed since the last write, when it was found behind before,
+// timeline or system identifier changed since the last write, when it was found behind before,
 // or, for a handle bound to an operator token, when the registry's latest
 // token is below it (the registry lost the take). The operator calls it
 // every reconcile; workers have the same check in every Renew.
@@ -153,10 +160,11 @@ func (p *PG) CheckSeq(ctx context.Context, topology string) (int64, error) {
 	var (
 		seq, tl, seen, opEpoch int64
 		cur                    *int64
+		sysChanged             bool
 		reason                 *string
 		opHolder               string
 	)
-	if err := p.pool.QueryRow(ctx, checkSeqSQL, topology, p.marks.get(topology)).Scan(&seq, &tl, &cur, &reason, &seen, &opEpoch, &opHolder); err != nil {
+	if err := p.pool.QueryRow(ctx, checkSeqSQL, topology, p.marks.get(topology)).Scan(&seq, &tl, &cur, &sysChanged, &reason, &seen, &opEpoch, &opHolder); err != nil {
 		return 0, fmt.Errorf("check registry sequence of %s: %w", topology, err)
 	}
 	if p.op != nil {
@@ -166,14 +174,17 @@ func (p *PG) CheckSeq(ctx context.Context, topology string) (int64, error) {
 			reason = &lost
 		}
 	}
-	if err := behindErr(topology, seq, tl, cur, reason, seen); err != nil {
+	if err := behindErr(topology, seq, tl, cur, sysChanged, reason, seen); err != nil {
 		return seq, err
 	}
 	p.marks.note(topology, seq)
 	return seq, nil
 }
 
-func behindErr(topology string, seq, tl int64, cur *int64, reason *string, seen int64) error {
+// behindErr is the refusal a sequence read calls for: a recorded behind
+// reason, else a changed timeline, else a changed system identifier; nil
+// when none holds.
+func behindErr(topology string, seq, tl int64, cur *int64, sysChanged bool, reason *string, seen int64) error {
 	be := &RegistryBehindError{Topology: topology, Seq: seq, Seen: seen, Timeline: tl, WasTimeline: tl}
 	if cur != nil {
 		be.Timeline = *cur
@@ -183,6 +194,8 @@ func behindErr(topology string, seq, tl int64, cur *int64, reason *string, seen 
 		be.Reason = *reason
 	case tl != 0 && cur != nil && *cur != tl:
 		be.Reason = "registry timeline changed"
+	case sysChanged:
+		be.Reason = "registry system identifier changed"
 	default:
 		return nil
 	}
@@ -259,8 +272,10 @@ var recoverSQL = []string{
 	        epoch_floor = greatest(greatest(epoch_floor, coalesce((SELECT max(epoch) FROM shardkeeper.epochs WHERE topology = $1), 0))
 	                               + $4::bigint, $3::bigint) + $2::bigint
 	  WHERE topology = $1 RETURNING next_incarnation, epoch_floor`,
-	`INSERT INTO shardkeeper.registry_seq AS r (topology, seq, timeline) VALUES ($1, $2::bigint + $3::bigint, shardkeeper.current_timeline())
-	 ON CONFLICT (topology) DO UPDATE SET seq = greatest(r.seq, r.behind_seen, $2::bigint) + $3::bigint, timeline = excluded.timeline,
+	`INSERT INTO shardkeeper.registry_seq AS r (topology, seq, timeline, system_id)
+	 VALUES ($1, $2::bigint + $3::bigint, shardkeeper.current_timeline(), shardkeeper.current_system_id())
+	 ON CONFLICT (topology) DO UPDATE SET seq = greatest(r.seq, r.behind_seen, $2::bigint) + $3::bigint,
+	        timeline = excluded.timeline, system_id = excluded.system_id,
 	        behind_reason = NULL, behind_seen = 0
 	 RETURNING seq`,
 }

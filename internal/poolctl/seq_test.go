@@ -127,35 +127,58 @@ func TestARegistryBehindAClientsMarkIsRefusedUntilRecovered(t *testing.T) {
 	}
 }
 
-// TestAChangedTimelineRefusesEveryWrite: the commit trigger compares the
-// server's WAL timeline with the last write's; a promotion changes it.
-// The test stands the recorded timeline back by one, which is what a
-// promoted standby sees.
-func TestAChangedTimelineRefusesEveryWrite(t *testing.T) {
-	ctx := context.Background()
-	pg, _ := newPG(t)
-	topo := newTopology(t, pg, testParams, 1, 2)
-	a, err := pg.Join(ctx, topo, "a")
-	must(t, err)
-	var tl *int64
-	must(t, pg.Pool().QueryRow(ctx, "SELECT timeline FROM shardkeeper.registry_seq WHERE topology = $1", topo).Scan(&tl))
-	if tl == nil || *tl < 1 {
-		t.Fatalf("recorded timeline %v: want the server's (pg_walfile_name readable)", tl)
+// TestAChangedServerRefusesEveryWrite: the commit trigger compares the
+// server's WAL timeline and system identifier with the last write's. A
+// promotion changes the timeline; a load of a logical dump into another
+// cluster changes the identifier (and may start on the recorded timeline).
+// The test moves the recorded value by one (up: timeline 0 reads as
+// unknown), which is what the promoted or restored server sees: the next renewal and claim are
+// refused, CheckSeq names it, and Recover records the server anew.
+func TestAChangedServerRefusesEveryWrite(t *testing.T) {
+	for _, tc := range []struct{ column, reason string }{
+		{"timeline", "registry timeline changed"},
+		{"system_id", "registry system identifier changed"},
+	} {
+		t.Run(tc.column, func(t *testing.T) {
+			ctx := context.Background()
+			pg, _ := newPG(t)
+			topo := newTopology(t, pg, testParams, 1, 2)
+			a, err := pg.Join(ctx, topo, "a")
+			must(t, err)
+			var recorded *int64
+			must(t, pg.Pool().QueryRow(ctx, "SELECT "+tc.column+" FROM shardkeeper.registry_seq WHERE topology = $1", topo).Scan(&recorded))
+			if recorded == nil || *recorded == 0 {
+				t.Fatalf("recorded %s %v: want the server's (the tests' role may read it)", tc.column, recorded)
+			}
+			_, err = pg.Pool().Exec(ctx, "UPDATE shardkeeper.registry_seq SET "+tc.column+" = "+tc.column+" + 1 WHERE topology = $1", topo)
+			must(t, err)
+			if _, err := pg.Renew(ctx, a.MemberRef); !behindFor(err, tc.reason) {
+				t.Fatalf("renew: got %v, want behind for %q", err, tc.reason)
+			}
+			if _, err := pg.Claim(ctx, a.MemberRef, 1, "0.0"); !behindFor(err, tc.reason) {
+				t.Fatalf("claim: got %v, want behind for %q", err, tc.reason)
+			}
+			if _, err := pg.CheckSeq(ctx, topo); !behindFor(err, tc.reason) {
+				t.Fatalf("CheckSeq: got %v, want behind for %q", err, tc.reason)
+			}
+			_, err = pg.Recover(ctx, topo, RecoverFloor{}, 0)
+			must(t, err)
+			a2, err := pg.Rejoin(ctx, a.MemberRef, "p1")
+			must(t, err)
+			_, err = pg.Claim(ctx, a2.MemberRef, 1, "0.0")
+			must(t, err)
+			if _, err := pg.CheckSeq(ctx, topo); err != nil {
+				t.Fatalf("CheckSeq after Recover: %v", err)
+			}
+		})
 	}
-	_, err = pg.Pool().Exec(ctx, "UPDATE shardkeeper.registry_seq SET timeline = timeline - 1 WHERE topology = $1", topo)
-	must(t, err)
-	if _, err := pg.Renew(ctx, a.MemberRef); !isBehind(err) {
-		t.Fatalf("renew on a changed timeline: got %v, want behind", err)
-	}
-	if _, err := pg.Claim(ctx, a.MemberRef, 1, "0.0"); !isBehind(err) {
-		t.Fatalf("claim on a changed timeline: got %v, want behind", err)
-	}
-	_, err = pg.Recover(ctx, topo, RecoverFloor{}, 0)
-	must(t, err)
-	a2, err := pg.Rejoin(ctx, a.MemberRef, "p1")
-	must(t, err)
-	_, err = pg.Claim(ctx, a2.MemberRef, 1, "0.0")
-	must(t, err)
+}
+
+// behindFor reports whether err refuses a registry that went back in time
+// for reason.
+func behindFor(err error, reason string) bool {
+	be, ok := RegistryBehind(err)
+	return ok && be.Reason == reason
 }
 
 func isBehind(err error) bool { _, ok := RegistryBehind(err); return ok }

@@ -62,6 +62,7 @@ func TestTheREADMEsRolesRunAWorkerAndKeepItFromTheOperatorsRows(t *testing.T) {
 	a := startArmedSDK(t, f, "a", nil, watch.arm, nil)
 	waitHolding(t, a, 30*time.Second, "0.0")
 	assertRenewsAndReports(t, f, "a", "0.0")
+	assertSystemIDRecorded(t, superDSN, f.Topology)
 
 	t.Run("the worker role may not act as the operator", func(t *testing.T) {
 		assertWorkerRoleRefused(t, f, workerDSN, first.Epoch)
@@ -219,6 +220,27 @@ func roleDSN(pg *pgtest.Server, role string, passwords map[string]string, db str
 // created the schema's tables: otherwise the default privileges the
 // README sets (FOR ROLE shardkeeper_operator) would not be what this test
 // exercised.
+// assertSystemIDRecorded: the schema's owner (the operator's role, no
+// superuser) reads the server's system identifier, and the commit trigger,
+// run for the worker role's writes, records it beside the timeline.
+func assertSystemIDRecorded(t *testing.T, superDSN, topology string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, superDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var recorded, server *int64
+	if err := conn.QueryRow(ctx, `SELECT r.system_id, (SELECT system_identifier FROM pg_control_system())
+		FROM shardkeeper.registry_seq r WHERE r.topology = $1`, topology).Scan(&recorded, &server); err != nil {
+		t.Fatalf("read the recorded system identifier: %v", err)
+	}
+	if recorded == nil || server == nil || *recorded != *server {
+		t.Fatalf("recorded system identifier %v, server's %v: want the server's, recorded through the operator-owned function", recorded, server)
+	}
+}
+
 func assertSchemaOwner(t *testing.T, superDSN, role string) {
 	t.Helper()
 	ctx := context.Background()
