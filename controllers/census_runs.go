@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
 )
 
 // A census reads every NATS server and lists the topology's unit
@@ -37,10 +39,11 @@ type censusQuestion struct {
 	consumers string // hash of the consumer references, in order
 }
 
-// question is the census this reconcile would take.
-func (s *scope) censusQuestion() censusQuestion {
+// censusQuestion is the census this reconcile would take of refs (its
+// censusConsumers).
+func (s *scope) censusQuestion(refs []natsops.ConsumerRef) censusQuestion {
 	h := sha256.New()
-	for _, ref := range s.censusConsumers() {
+	for _, ref := range refs {
 		h.Write([]byte(ref.Stream))
 		h.Write([]byte{0})
 		h.Write([]byte(ref.Name))
@@ -88,9 +91,7 @@ func (c *Connections) startCensus(key types.NamespacedName, q censusQuestion, ta
 	c.mu.Unlock()
 	e := c.entry(key)
 	e.mu.Lock()
-	if e.census != nil {
-		e.census.cancel()
-	}
+	e.dropCensusLocked()
 	e.census = run
 	e.mu.Unlock()
 	go func() {
@@ -107,6 +108,15 @@ func (c *Connections) startCensus(key types.NamespacedName, q censusQuestion, ta
 			wake()
 		}
 	}()
+}
+
+// dropCensusLocked cancels and forgets the topology's census run; e.mu is
+// held.
+func (e *topologyConns) dropCensusLocked() {
+	if e.census != nil {
+		e.census.cancel()
+		e.census = nil
+	}
 }
 
 // census returns the topology's census run, nil when none.
@@ -181,7 +191,8 @@ func censusSlot(key types.NamespacedName, interval time.Duration) time.Duration 
 // nextCensusAt is the first time after taken that falls on the topology's
 // slot: never more than interval after taken.
 func nextCensusAt(taken time.Time, interval, slot time.Duration) time.Time {
-	// Slots are the instants t with t mod interval == slot (Unix time).
+	// Slots are the instants slot past a multiple of interval since Go's
+	// zero time (time.Truncate's reference), the same in every process.
 	base := taken.Truncate(interval).Add(slot)
 	for !base.After(taken) {
 		base = base.Add(interval)

@@ -338,9 +338,8 @@ func (c *Connections) setCensusDue(key types.NamespacedName, due bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.censusDue = due
-	if due && e.census != nil {
-		e.census.cancel()
-		e.census = nil
+	if due {
+		e.dropCensusLocked()
 	}
 }
 
@@ -432,10 +431,7 @@ func (c *Connections) CloseAll() {
 func (e *topologyConns) close() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.census != nil {
-		e.census.cancel()
-		e.census = nil
-	}
+	e.dropCensusLocked()
 	if e.reg != nil {
 		e.reg.Close()
 		e.reg, e.opReg = nil, nil

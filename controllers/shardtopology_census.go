@@ -114,10 +114,14 @@ func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl
 // if it answers the current question, whether or not another is due; a
 // verdict needing no NATS (no system connection) is made at once.
 func (r *ShardTopologyReconciler) censusToPublish(ctx context.Context, s *scope) (*censusReport, time.Duration) {
-	var q censusQuestion
+	var (
+		refs []natsops.ConsumerRef
+		q    censusQuestion
+	)
 	stale := false // a census was dropped for answering another question
 	if s.census == nil && s.topo.Spec.NATS.SystemCredentialsSecretRef != nil {
-		q = s.censusQuestion()
+		refs = s.censusConsumers()
+		q = s.censusQuestion(refs)
 		if run := r.conns().census(s.key); run != nil {
 			rep := run.finished()
 			switch {
@@ -142,7 +146,7 @@ func (r *ShardTopologyReconciler) censusToPublish(ctx context.Context, s *scope)
 	case s.topo.Spec.NATS.SystemCredentialsSecretRef == nil:
 		return &censusReport{noSystemCredentials: true}, 0
 	}
-	sys, nc, floor, refs, logger := s.sys, s.nc, q.floor, s.censusConsumers(), log.FromContext(ctx)
+	sys, nc, floor, logger := s.sys, s.nc, q.floor, log.FromContext(ctx)
 	r.conns().startCensus(s.key, q, func(ctx context.Context) *censusReport {
 		return census(log.IntoContext(ctx, logger), sys, nc, floor, refs)
 	}, r.censusWaker(s.key))
