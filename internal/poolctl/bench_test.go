@@ -175,3 +175,38 @@ func BenchmarkConfirmOwned(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkObserve reads a topology of 16 x 256 units, every unit claimed
+// by one of four members that each reported activity for what it holds:
+// the operator's registry read of bench row e, per topology and
+// reconcile, on an idle server.
+func BenchmarkObserve(b *testing.B) {
+	ctx := context.Background()
+	pg, _ := newPG(b)
+	topo := newTopology(b, pg, testParams, 16, 256)
+	for m := 0; m < 4; m++ {
+		l, err := pg.Join(ctx, topo, fmt.Sprintf("m%d", m))
+		must(b, err)
+		var units []string
+		var acts []UnitActivity
+		for p := m * 4; p < (m+1)*4; p++ {
+			for s := 0; s < 256; s++ {
+				units = append(units, fmt.Sprintf("%d.%d", p, s))
+			}
+		}
+		outs, err := pg.ClaimMany(ctx, l.MemberRef, 1, units)
+		must(b, err)
+		for _, o := range outs {
+			acts = append(acts, UnitActivity{Unit: o.Unit, Epoch: o.Claim.Epoch, SinceFetch: time.Second, SinceRows: time.Second, SincePullStart: time.Minute})
+		}
+		must(b, pg.ReportActivity(ctx, l.MemberRef, acts))
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		o, err := pg.Observe(ctx, topo)
+		must(b, err)
+		if len(o.Claims) != 4096 || len(o.Activity) != 4096 {
+			b.Fatalf("observed %d claims, %d activity reports; want 4096 each", len(o.Claims), len(o.Activity))
+		}
+	}
+}
