@@ -119,6 +119,13 @@
 // handed over) by another member or incarnation to someone needs that
 // holder's lease over (Left, or expired by At): two valid claims on one
 // unit at one instant fail. A holder without a lease on record fails.
+// A "recover" event (the registry's Recover after a failover moving the
+// token of the holder the promoted standby knew) gives the unit to nobody
+// and is not judged; an event that gives the unit to someone right after
+// one or more of them is judged as above against the recover event, and
+// also against the holder before the recovery (as the lost primary's
+// history shows it): that holder's latest lease expiry on record, of any
+// of its events, plus the grace, must be at or before At.
 //
 // P3. Every row id of Published appears in Sink; otherwise it is lost.
 //

@@ -104,6 +104,17 @@ func TestPlantedViolations(t *testing.T) {
 			clean: true,
 		},
 		{
+			name:    "a re-home after a recovery, within the lease only the lost primary had renewed, fails P5",
+			in:      afterRecovery(55),
+			want:    map[string]string{CheckP5: "1"},
+			example: map[string][]string{CheckP5: {"rehome of unit 0.0 by a inc 2", "after a recovery: b (inc 1, epoch 2) held it before", "possibly live until"}},
+		},
+		{
+			name:  "a recovery's token move is no claim, and a re-home after the lost lease plus the grace is clean",
+			in:    afterRecovery(70),
+			clean: true,
+		},
+		{
 			name: "plain claim of a unit another live member holds: two valid claims",
 			in: with(func(in *Input) {
 				in.Claims = []ClaimEvent{claim("0.0", "a", 1, 1, OpClaim, 1, 10), claim("0.0", "b", 1, 2, OpClaim, 1, 40)}
@@ -401,5 +412,26 @@ func TestLeaseEndMatchesInstantByInstant(t *testing.T) {
 		if got := tk.leaseEnd("a", inc, wall(x), wall(limit)); got != wall(want) {
 			t.Fatalf("leaseEnd(inc %d, x %d, limit %d) = %v, want %d ms; leases %+v", inc, x, limit, time.Duration(got-wall(0)), want, leases)
 		}
+	})
+}
+
+// afterRecovery is a registry failover as the clients lived it: a hands
+// 0.0 over to b on the primary, which renews b's lease until 60 and dies;
+// the promoted standby never got the handover, so its Recover (at 45)
+// moves the token of the row it has, still a's, and ends every lease.
+// Then a's new incarnation re-homes the unit at rehomeMs.
+func afterRecovery(rehomeMs int) Input {
+	return with(func(in *Input) {
+		in.Processes[1] = newProc("b-2-200", "b", 1).deliver("0.0", 2, "r2", 41).ack("0.0", 2, "r2", 42, 43).done()
+		in.Sink[1] = write("r2", "0.0", "b", 2, 41)
+		in.Claims = []ClaimEvent{
+			claim("0.0", "a", 1, 1, OpClaim, 1, 10),
+			{Unit: "0.0", Owner: "a", Incarnation: 1, Epoch: 1, State: StateHandover, Op: "handover", At: at(30)},
+			claim("0.0", "b", 1, 2, OpSettle, 1, 40),
+			claim("0.0", "a", 1, 1001, OpRecover, 1, 45),
+			claim("0.0", "a", 2, 1002, OpRehome, 1, rehomeMs),
+		}
+		in.Leases = []LeaseEvent{lease("a", 1, 0, 1000), lease("b", 1, 0, 60),
+			lease("a", 1, 45, 45), lease("b", 1, 45, 45), lease("a", 2, 46, 1000)}
 	})
 }

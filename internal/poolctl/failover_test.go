@@ -145,6 +145,7 @@ func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 	if rec.TokenFloor <= maxToken || rec.EpochFloor <= maxEpoch || rec.Seq <= seen {
 		t.Fatalf("recovered %+v: want every floor above what was seen (token %d, epoch %d, seq %d)", rec, maxToken, maxEpoch, seen)
 	}
+	assertRecoverMovesRecordedAsRecover(t, pg, topo, rec.TokenFloor)
 
 	// Members rejoin and take every unit again: every token is new. The
 	// grace after the leases Recover ended passes first (moved clock).
@@ -373,4 +374,28 @@ func execOn(ctx context.Context, dsn, sql string) error {
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, sql)
 	return err
+}
+
+// assertRecoverMovesRecordedAsRecover: the history records Recover's token
+// moves under op "recover", which gives a unit to nobody, not under the
+// row's last decision: a move of a row the standby still gave to one
+// member, recorded as that member's "claim", reads as a second valid
+// claim beside the holder a lost handover gave it to (chaos 14a, 14b).
+func assertRecoverMovesRecordedAsRecover(t *testing.T, pg *PG, topo string, floor int64) {
+	t.Helper()
+	hist, err := pg.ClaimHistory(context.Background(), topo)
+	must(t, err)
+	moved := 0
+	for _, e := range hist {
+		if e.Epoch != floor {
+			continue
+		}
+		if e.Op != string(lastRecover) {
+			t.Fatalf("Recover's move of %s to token %d recorded as %q (owner %q), want %q", e.Unit, floor, e.Op, e.Owner, lastRecover)
+		}
+		moved++
+	}
+	if moved == 0 {
+		t.Fatalf("no claim history event at the recovered token floor %d", floor)
+	}
 }

@@ -19,6 +19,7 @@ const (
 	lastSettle   claimOp = "settle"   // a handover settled by the new owner's claim
 	lastHandover claimOp = "handover" // the owner's intent to give the unit up
 	lastRelease  claimOp = "release"  // the owner gave the unit up
+	lastRecover  claimOp = "recover"  // Recover moved the token past a lost primary's (recoverSQL; no rule decides it)
 )
 
 // claimInput is everything one unit's claim decision reads, in one

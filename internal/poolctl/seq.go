@@ -239,14 +239,16 @@ var recoverSQL = []string{
 	// The claim rows: every token moves to one floor above every token
 	// any client saw; units of every known epoch shape that have no row
 	// get a free row at the floor, so their first claim is above it too.
+	// The history records both as op "recover": a move that gives the
+	// unit to nobody (migration 0014).
 	// $4 is the number of transactions the registry may have lost.
 	`WITH f AS (SELECT greatest(coalesce((SELECT max(fencing_epoch) FROM shardkeeper.claims WHERE topology = $1), 0) + $4::bigint,
 	                            $2::bigint) + $3::bigint AS floor),
 	 t AS (SELECT shardkeeper.clock($1) AS now),
-	 up AS (UPDATE shardkeeper.claims c SET fencing_epoch = f.floor, updated_at = t.now FROM f, t WHERE c.topology = $1 RETURNING 1),
+	 up AS (UPDATE shardkeeper.claims c SET fencing_epoch = f.floor, last_op = '` + string(lastRecover) + `', updated_at = t.now FROM f, t WHERE c.topology = $1 RETURNING 1),
 	 ins AS (
-		INSERT INTO shardkeeper.claims (topology, unit, fencing_epoch, state, updated_at)
-		SELECT DISTINCT $1, p || '.' || s, f.floor, 'free', t.now
+		INSERT INTO shardkeeper.claims (topology, unit, fencing_epoch, state, last_op, updated_at)
+		SELECT DISTINCT $1, p || '.' || s, f.floor, 'free', '` + string(lastRecover) + `', t.now
 		  FROM shardkeeper.epochs e, f, t, generate_series(0, e.partitions - 1) p, generate_series(0, e.shards - 1) s
 		 WHERE e.topology = $1
 		ON CONFLICT (topology, unit) DO NOTHING RETURNING 1)
