@@ -13,6 +13,11 @@ import (
 // backoff that grew for as long as the outage lasted.
 const registryRetry = time.Second
 
+// afterFirstSight is how soon the pass after the first-sight status write
+// runs. That write's echo wakes nothing (notAStatusEcho), so the pass asks
+// for its successor itself, at once.
+const afterFirstSight = time.Millisecond
+
 // requeueError fails a reconcile pass (its error reaches status as any
 // step's does) but asks for the next pass after a set delay instead of the
 // rate limiter's growing backoff.

@@ -125,15 +125,17 @@ func (r *ShardTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 	if s.firstSight() {
 		// Write Ready=Unknown and Reconciling=True before doing anything, so
-		// a GitOps tool never reads a new object as healthy. The status
-		// patch wakes the next reconcile.
+		// a GitOps tool never reads a new object as healthy.
 		st := firstSightStatus(topo, s.now)
-		return ctrl.Result{}, r.patchStatus(ctx, s, func(*topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return st })
+		return ctrl.Result{RequeueAfter: afterFirstSight},
+			r.patchStatus(ctx, s, func(*topologyv1.ShardTopology) topologyv1.ShardTopologyStatus { return st })
 	}
 	if err := r.ensureFinalizer(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
 
+	// Runs after the status patch below (defers run last first).
+	defer r.flushEvents(s)
 	// statusErr is the error status reports: retErr, or the error of a
 	// pass that failed but asked for a set requeue instead of a backoff.
 	var statusErr error
@@ -260,9 +262,28 @@ func (r *ShardTopologyReconciler) censusInterval() time.Duration {
 	return DefaultCensusInterval
 }
 
-// event records a step Event about the topology.
+// event records a step Event about the topology, sent when the pass ends
+// (flushEvents).
 func (r *ShardTopologyReconciler) event(s *scope, eventType, reason, action, note string, args ...any) {
-	r.Recorder.Eventf(s.topo, nil, eventType, reason, action, note, args...)
+	s.events = append(s.events, stepEvent{eventType, reason, action, fmt.Sprintf(note, args...)})
+}
+
+// stepEvent is an Event a step recorded, waiting for the pass's end.
+type stepEvent struct{ eventType, reason, action, note string }
+
+// flushEvents sends the pass's step Events about the object as its status
+// write left it. The events API folds an Event into an earlier one of the
+// same type, reason and action about the same object version (a series:
+// the later note is lost), so Events of two passes that both started from
+// one version (the first wrote no status change) were folded: the second
+// pass's UnitsRetired, naming the last unit retired, never showed. Sent
+// after the status write, a pass that changed status names its own
+// version.
+func (r *ShardTopologyReconciler) flushEvents(s *scope) {
+	for _, e := range s.events {
+		r.Recorder.Eventf(s.topo, nil, e.eventType, e.reason, e.action, "%s", e.note)
+	}
+	s.events = nil
 }
 
 // statusPatchAttempts bounds patchStatus's conflict retries within one
@@ -278,12 +299,15 @@ const statusPatchAttempts = 10
 // land (the generation moved, or conflicts went on) is an error, so the
 // reconcile is retried: status records what a restart needs (the pods in
 // flight of a roll), and losing it silently could take a second pod down.
+// A written status becomes s.topo, so a later patch in the same pass
+// starts from it.
 func (r *ShardTopologyReconciler) patchStatus(ctx context.Context, s *scope, compute func(*topologyv1.ShardTopology) topologyv1.ShardTopologyStatus) error {
 	before := s.topo
 	for attempt := 1; ; attempt++ {
 		status := compute(before)
 		if statusEqual(before.Status, status) {
 			recordStatusMetrics(s.key, &status)
+			s.topo = before
 			return nil
 		}
 		after := before.DeepCopy()
@@ -295,6 +319,7 @@ func (r *ShardTopologyReconciler) patchStatus(ctx context.Context, s *scope, com
 			r.statusEvents(before, after)
 			r.foreignMemberEvents(ctx, before, after)
 			recordStatusMetrics(s.key, &after.Status)
+			s.topo = after
 			return nil
 		case apierrors.IsNotFound(err):
 			return nil
@@ -377,7 +402,7 @@ func (r *ShardTopologyReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 		}))
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		For(&topologyv1.ShardTopology{}).
+		For(&topologyv1.ShardTopology{}, builder.WithPredicates(notAStatusEcho)).
 		WatchesRawSource(censusDone).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexSecretRefs)), secretWatch...).
 		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.referencing(indexStatefulSet))).

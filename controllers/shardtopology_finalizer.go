@@ -221,6 +221,7 @@ func (r *ShardTopologyReconciler) reconcileDelete(ctx context.Context, t *topolo
 		return ctrl.Result{}, nil
 	}
 	s := newScope(t, r.now())
+	defer r.flushEvents(s)
 	if err := r.conns().supersededErr(s.key); err != nil {
 		// A newer leader owns the topology and finishes its deletion.
 		return ctrl.Result{}, ctrl.TerminalError(err)

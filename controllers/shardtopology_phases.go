@@ -45,6 +45,8 @@ type scope struct {
 	topo *topologyv1.ShardTopology
 	key  types.NamespacedName
 	now  time.Time
+	// events are the pass's step Events, sent at its end (flushEvents).
+	events []stepEvent
 	// durability is what the registry's replication settings promise
 	// (nil: not read, or not a PostgreSQL registry).
 	durability *poolctl.Durability
