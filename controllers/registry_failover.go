@@ -45,11 +45,13 @@ func recoverBehindRegistry(ctx context.Context, r *ShardTopologyReconciler, s *s
 	}
 	now := r.now()
 	since := r.conns().noteBehind(s.key, now)
-	snap, err := s.reg.Snapshot(ctx, key)
+	// Observe, not Snapshot: a registry behind this client refuses a
+	// snapshot (what a worker acts on), and the wait needs its parameters.
+	obs, err := s.reg.Observe(ctx, key)
 	if err != nil {
 		return retryAfter(fmt.Errorf("registry is behind (%v); read its parameters: %w", be, err), registryRetry)
 	}
-	wait := snap.Params.RenewInterval + snap.Params.QueryBound
+	wait := obs.Snapshot.Params.RenewInterval + obs.Snapshot.Params.QueryBound
 	if now.Sub(since) < wait {
 		if since.Equal(now) {
 			r.event(s, "Warning", "RegistryBehind", "Detect", "%s; recovering once every worker has renewed", be.Error())

@@ -111,8 +111,15 @@ func (r *behindRegistry) CheckSeq(_ context.Context, topology string) (int64, er
 	return 49, &poolctl.RegistryBehindError{Topology: topology, Seq: 49, Seen: 68, Reason: "a client has seen a later sequence"}
 }
 
-func (r *behindRegistry) Snapshot(context.Context, string) (poolctl.Snapshot, error) {
-	return poolctl.Snapshot{Params: poolctl.Params{RenewInterval: 600 * time.Millisecond, QueryBound: 400 * time.Millisecond}}, nil
+// Snapshot refuses, as PG's does from a registry behind its client (a
+// worker acts on snapshots): the operator reads the parameters it waits by
+// with Observe (chaos 14a: with Snapshot it never recovered).
+func (r *behindRegistry) Snapshot(_ context.Context, topology string) (poolctl.Snapshot, error) {
+	return poolctl.Snapshot{}, &poolctl.RegistryBehindError{Topology: topology, Seq: 49, Seen: 68, Reason: "a client has seen a later sequence"}
+}
+
+func (r *behindRegistry) Observe(context.Context, string) (poolctl.Observation, error) {
+	return poolctl.Observation{Snapshot: poolctl.Snapshot{Params: poolctl.Params{RenewInterval: 600 * time.Millisecond, QueryBound: 400 * time.Millisecond}}}, nil
 }
 
 func (r *behindRegistry) Recover(context.Context, string, poolctl.RecoverFloor, int64) (poolctl.Recovered, error) {

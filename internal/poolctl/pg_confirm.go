@@ -23,7 +23,8 @@ var confirmSQL = `
 	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 	ok AS (SELECT 1 FROM me, t WHERE me.incarnation = $3 AND me.left_at IS NULL AND me.lease_expires_at > t.now),
 	may AS (SELECT 1 FROM me, t WHERE (me.prev_lease_expires_at IS NULL OR me.prev_lease_expires_at + t.grace <= t.now)
-	          AND NOT EXISTS (SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending')),
+	          AND NOT EXISTS (SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending')
+	          AND coalesce((SELECT seq FROM shardkeeper.registry_seq WHERE topology = $1), 0) >= $6),
 	ae AS MATERIALIZED (SELECT 1 FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active' FOR SHARE),
 	lk AS MATERIALIZED (
 		SELECT c.unit FROM shardkeeper.claims c
@@ -72,7 +73,9 @@ var confirmLockSQL = []string{
 
 // ConfirmOwned implements Registry in one pipeline (one round trip once
 // its statements are prepared on the connection, however many claims):
-// the locks, then confirmSQL.
+// the locks, then confirmSQL. A confirmation settles an unknown outcome,
+// so it is checked like a renewal (checkRead), and it re-homes nothing on
+// a registry whose sequence is below this client's mark ($6).
 func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]int64) (Confirmation, error) {
 	units := make([]string, 0, len(expected))
 	epochs := make([]int64, 0, len(expected))
@@ -84,12 +87,17 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 		now *time.Time
 		me  *memberRow
 		c   Confirmation
+		rs  readSeq
 	)
 	err := pipeline(ctx, p.pool, func(b *pgx.Batch) {
+		b.Queue(readSeqSQL, m.Topology)
 		b.Queue(confirmLockSQL[0], m.Topology, m.Member, m.Incarnation)
 		b.Queue(confirmLockSQL[1], m.Topology)
-		b.Queue(confirmSQL, m.Topology, m.Member, m.Incarnation, units, epochs)
+		b.Queue(confirmSQL, m.Topology, m.Member, m.Incarnation, units, epochs, p.marks.get(m.Topology))
 	}, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(rs.dest()...); err != nil {
+			return err
+		}
 		for range confirmLockSQL {
 			if _, err := br.Exec(); err != nil {
 				return err
@@ -107,6 +115,9 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 	}
 	if err := topologyErr(m.Topology, now); err != nil {
 		return Confirmation{}, err
+	}
+	if err := p.checkRead(ctx, m.Topology, rs); err != nil {
+		return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
 	}
 	if err := checkMember(m, me, *now); err != nil {
 		return Confirmation{}, fmt.Errorf("confirm owned: %w", err)

@@ -71,12 +71,29 @@ type snapMember struct {
 }
 
 // Snapshot implements Registry in one statement.
+//
+// A member acts on what the snapshot shows (the units it holds, the
+// epochs), so the read is checked like a renewal (checkRead): from a
+// registry that went back in time it is refused, not acted on.
 func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
-	return scanSnapshot(p.pool.QueryRow(ctx, snapshotSQL, topology), topology)
+	var rs readSeq
+	s, err := scanSnapshot(p.pool.QueryRow(ctx, checkedSnapshotSQL, topology), topology, rs.dest()...)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if err := p.checkRead(ctx, topology, rs); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot of %s: %w", topology, err)
+	}
+	return s, nil
 }
 
-// scanSnapshot reads snapshotSQL's row.
-func scanSnapshot(row pgx.Row, topology string) (Snapshot, error) {
+// checkedSnapshotSQL is snapshotSQL followed by readSeqCols.
+var checkedSnapshotSQL = `SELECT sn.*, ` + readSeqCols("s") + `
+	FROM (` + snapshotSQL + `) sn LEFT JOIN shardkeeper.registry_seq s ON s.topology = $1`
+
+// scanSnapshot reads snapshotSQL's row, and into extra any columns that
+// follow it.
+func scanSnapshot(row pgx.Row, topology string, extra ...any) (Snapshot, error) {
 	s := Snapshot{Topology: topology}
 	var (
 		epochsJSON, membersJSON, retiringJSON, barrierJSON []byte
@@ -86,7 +103,7 @@ func scanSnapshot(row pgx.Row, topology string) (Snapshot, error) {
 		servers                                            map[string]string
 	)
 	err := row.Scan(scanAll([]any{&s.Now}, paramsDest(&s.Params), []any{&epochsJSON, &membersJSON, &retiringJSON, &barrierJSON, &allowed, &takenAt, &reason,
-		&floor, &servers, &s.Counts.Held, &s.Counts.Handover, &s.Counts.Free})...)
+		&floor, &servers, &s.Counts.Held, &s.Counts.Handover, &s.Counts.Free}, extra)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Snapshot{}, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
 	} else if err != nil {

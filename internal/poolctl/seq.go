@@ -145,6 +145,59 @@ func systemChangedOf(a string) string {
 	return "coalesce(" + a + ".system_id <> shardkeeper.current_system_id(), false)"
 }
 
+// readSeqCols are what a read of a topology is checked against (readSeq),
+// from registry_seq row a: its sequence, timeline and behind reason, the
+// server's current timeline and whether its system identifier changed.
+func readSeqCols(a string) string {
+	return "coalesce(" + a + ".seq, 0), coalesce(" + a + ".timeline, 0), shardkeeper.current_timeline(), " +
+		systemChangedOf(a) + ", " + a + ".behind_reason"
+}
+
+// readSeqSQL reads readSeqCols of topology $1 on their own.
+var readSeqSQL = `SELECT ` + readSeqCols("s") + `
+	FROM (SELECT 1) one LEFT JOIN shardkeeper.registry_seq s ON s.topology = $1`
+
+// readSeq is readSeqCols as a read scanned them.
+type readSeq struct {
+	seq, timeline int64
+	current       *int64
+	systemChanged bool
+	reason        *string
+}
+
+func (r *readSeq) dest() []any {
+	return []any{&r.seq, &r.timeline, &r.current, &r.systemChanged, &r.reason}
+}
+
+// checkRead refuses (a *RegistryBehindError) what a read of topology
+// answered when the registry went back in time: it was found behind
+// before, its timeline or system identifier changed since the last write,
+// or its sequence is below this client's mark. Writes are refused by the
+// commit trigger; a read a member acts on (its snapshot, the confirmation
+// of an unknown outcome) must be too: chaos 14a saw a worker whose release
+// failed with the primary's death confirm it against the promoted standby,
+// which had lost the release, and deliver again under the released token.
+//
+// A sequence below the mark is not proof: a commit whose sequence notice
+// this client already has may not be visible to the read yet. report_seen
+// waits for that commit's lock on the row and records the loss only if
+// the registry is still behind (as Renew does), so a false alarm costs one
+// round trip and fences nobody.
+func (p *PG) checkRead(ctx context.Context, topology string, r readSeq) error {
+	mark := p.marks.get(topology)
+	reason := r.reason
+	if reason == nil && r.seq < mark {
+		if err := p.pool.QueryRow(ctx, `SELECT shardkeeper.report_seen($1, $2)`, topology, mark).Scan(&reason); err != nil {
+			return fmt.Errorf("check the registry sequence of %s against %d: %w", topology, mark, err)
+		}
+	}
+	if err := behindErr(topology, r.seq, r.timeline, r.current, r.systemChanged, reason, max(mark, r.seq)); err != nil {
+		return err
+	}
+	p.marks.note(topology, r.seq)
+	return nil
+}
+
 // CheckSeq reads the registry's sequence of topology and refuses (a
 // *RegistryBehindError) when it is behind this client's mark, when its
 // timeline or system identifier changed since the last write, when it was found behind before,

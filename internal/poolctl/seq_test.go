@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestEveryCommittedWriteRaisesTheClientsMark: the commit trigger's
@@ -161,6 +162,13 @@ func TestAChangedServerRefusesEveryWrite(t *testing.T) {
 			if _, err := pg.CheckSeq(ctx, topo); !behindFor(err, tc.reason) {
 				t.Fatalf("CheckSeq: got %v, want behind for %q", err, tc.reason)
 			}
+			// Reads a member acts on are refused too, not only writes.
+			if _, err := pg.Snapshot(ctx, topo); !behindFor(err, tc.reason) {
+				t.Fatalf("snapshot: got %v, want behind for %q", err, tc.reason)
+			}
+			if _, err := pg.ConfirmOwned(ctx, a.MemberRef, nil); !behindFor(err, tc.reason) {
+				t.Fatalf("confirmation: got %v, want behind for %q", err, tc.reason)
+			}
 			_, err = pg.Recover(ctx, topo, RecoverFloor{}, 0)
 			must(t, err)
 			a2, err := pg.Rejoin(ctx, a.MemberRef, "p1")
@@ -172,6 +180,67 @@ func TestAChangedServerRefusesEveryWrite(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAReadBelowTheClientsMarkIsRefusedUnlessACommitWasInFlight: a
+// snapshot or a confirmation (what a member acts on) from a registry whose
+// sequence is below the client's mark is refused and the loss recorded for
+// every client (chaos 14a: a worker confirmed a release the promoted
+// standby had lost, and delivered again under the released token). But a
+// mark may come from a commit's notice before the commit is visible: a
+// read that meets such a commit waits for it and is answered, and nothing
+// is recorded.
+func TestAReadBelowTheClientsMarkIsRefusedUnlessACommitWasInFlight(t *testing.T) {
+	ctx := context.Background()
+	pg, dsn := newPG(t)
+	topo := newTopology(t, pg, testParams, 1, 2)
+	a, err := pg.Join(ctx, topo, "a")
+	must(t, err)
+	seq, err := pg.CheckSeq(ctx, topo)
+	must(t, err)
+
+	t.Run("a commit in flight", func(t *testing.T) {
+		tx, err := pg.Pool().Begin(ctx)
+		must(t, err)
+		defer tx.Rollback(ctx)
+		_, err = tx.Exec(ctx, "UPDATE shardkeeper.registry_seq SET seq = seq + 1 WHERE topology = $1", topo)
+		must(t, err)
+		pg.NoteSeq(topo, seq+1) // the notice came; the commit is not visible yet
+		done := make(chan error, 1)
+		go func() { _, err := pg.Snapshot(ctx, topo); done <- err }()
+		select {
+		case err := <-done:
+			t.Fatalf("snapshot answered (%v) while the commit it must wait for was in flight", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		must(t, tx.Commit(ctx))
+		if err := <-done; err != nil {
+			t.Fatalf("snapshot after the commit landed: %v, want an answer", err)
+		}
+		var reason *string
+		must(t, pg.Pool().QueryRow(ctx, "SELECT behind_reason FROM shardkeeper.registry_seq WHERE topology = $1", topo).Scan(&reason))
+		if reason != nil {
+			t.Fatalf("a commit in flight recorded the registry as behind: %q", *reason)
+		}
+	})
+	t.Run("a registry that went back", func(t *testing.T) {
+		seq, err := pg.CheckSeq(ctx, topo)
+		must(t, err)
+		pg.NoteSeq(topo, seq+5)
+		if _, err := pg.ConfirmOwned(ctx, a.MemberRef, map[string]int64{"0.0": 1}); !behindFor(err, "a client has seen a later sequence") {
+			t.Fatalf("confirmation: got %v, want behind", err)
+		}
+		if _, err := pg.Snapshot(ctx, topo); !isBehind(err) {
+			t.Fatalf("snapshot: got %v, want behind", err)
+		}
+		// Recorded: a client that saw nothing later is refused its writes.
+		other, err := Open(ctx, Config{DSN: dsn, MaxConns: 2})
+		must(t, err)
+		defer other.Close()
+		if _, err := other.Renew(ctx, a.MemberRef); !isBehind(err) {
+			t.Fatalf("another client's renewal: got %v, want behind (recorded by the refused read)", err)
+		}
+	})
 }
 
 // behindFor reports whether err refuses a registry that went back in time

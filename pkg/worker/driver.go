@@ -71,7 +71,7 @@ func (w *Worker) call(a member.Action) {
 		w.post(member.UnfenceReply{Req: a.Req, Err: w.reg.Unfence(ctx, a.Ref, a.Gen)})
 	case member.Confirm:
 		c, err := w.reg.ConfirmOwned(ctx, a.Ref, a.Expected)
-		w.post(member.ConfirmReply{Req: a.Req, Conf: c, Err: err})
+		w.post(member.ConfirmReply{Req: a.Req, Conf: c, Err: behind(err)})
 	case member.ReadSnapshot:
 		s, err := w.reg.Snapshot(ctx, a.Topology)
 		w.post(member.SnapshotReply{Req: a.Req, Snap: s, Err: err})
@@ -92,7 +92,7 @@ func (w *Worker) call(a member.Action) {
 
 // behind gives a refusal by a registry that went back in time (the commit
 // trigger's SQL error included) the type the core matches, so a renewal
-// it refuses fences the member as a lost lease does.
+// or a confirmation it refuses fences the member as a lost lease does.
 func behind(err error) error {
 	if be, ok := poolctl.RegistryBehind(err); ok && !errors.Is(err, poolctl.ErrRegistryBehind) {
 		return fmt.Errorf("%w: %w", be, err)
