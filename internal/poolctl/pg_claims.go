@@ -165,6 +165,7 @@ func (p *PG) claimBatch(ctx context.Context, m MemberRef, under int64, units []s
 	// ROLLBACK did not get through) is destroyed by the pool on release.
 	defer conn.Release()
 	outs := make(map[string]ClaimOutcome, len(units))
+	checked := false // the registry's sequence, once a repeat is answered
 	for attempt := 1; ; attempt++ {
 		v, err := readClaimView(ctx, conn, m, units)
 		if err != nil {
@@ -174,6 +175,16 @@ func (p *PG) claimBatch(ctx context.Context, m MemberRef, under int64, units []s
 			testHookClaimRead()
 		}
 		decided, writes := decideBatch(m, under, units, pgMutation.bent(v))
+		if !checked && repeats(decided, writes) {
+			// A repeat writes nothing, so no commit trigger checks the
+			// registry it was read from: on a standby that lost this
+			// member's release it would hand the released token back
+			// (chaos 14a).
+			if err := p.checkReadNow(ctx, conn, m.Topology); err != nil {
+				return nil, err
+			}
+			checked = true
+		}
 		for u, o := range decided {
 			outs[u] = o
 		}

@@ -116,7 +116,7 @@ func (p *PG) ConfirmOwned(ctx context.Context, m MemberRef, expected map[string]
 	if err := topologyErr(m.Topology, now); err != nil {
 		return Confirmation{}, err
 	}
-	if err := p.checkRead(ctx, m.Topology, rs); err != nil {
+	if err := p.checkRead(ctx, p.pool, m.Topology, rs); err != nil {
 		return Confirmation{}, fmt.Errorf("confirm owned by %s: %w", m.Member, err)
 	}
 	if err := checkMember(m, me, *now); err != nil {

@@ -81,7 +81,7 @@ func (p *PG) Snapshot(ctx context.Context, topology string) (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
-	if err := p.checkRead(ctx, topology, rs); err != nil {
+	if err := p.checkRead(ctx, p.pool, topology, rs); err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot of %s: %w", topology, err)
 	}
 	return s, nil

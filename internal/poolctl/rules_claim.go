@@ -257,6 +257,18 @@ func decideBatch(ref MemberRef, under int64, units []string, v claimView) (map[s
 	return outs, writes
 }
 
+// repeats reports whether decided answers a claim with nothing to write:
+// the member already holds the unit (a Noop decision).
+func repeats(decided map[string]ClaimOutcome, writes []claimWrite) bool {
+	ok := 0
+	for _, o := range decided {
+		if o.Err == nil {
+			ok++
+		}
+	}
+	return ok > len(writes)
+}
+
 // conflicted marks a decided unit whose compare-and-set did not apply.
 func conflicted(outs map[string]ClaimOutcome, ref MemberRef, unit string) {
 	outs[unit] = ClaimOutcome{Unit: unit, Err: fmt.Errorf("claim %s for %s: %w", unit, ref.Member, ErrConflict)}

@@ -174,20 +174,24 @@ func (r *readSeq) dest() []any {
 // before, its timeline or system identifier changed since the last write,
 // or its sequence is below this client's mark. Writes are refused by the
 // commit trigger; a read a member acts on (its snapshot, the confirmation
-// of an unknown outcome) must be too: chaos 14a saw a worker whose release
-// failed with the primary's death confirm it against the promoted standby,
-// which had lost the release, and deliver again under the released token.
+// of an unknown outcome) must be too: chaos 14a saw a worker read the
+// promoted standby, which had lost releases the dead primary had
+// answered, take the units back and deliver again under the released
+// token.
 //
 // A sequence below the mark is not proof: a commit whose sequence notice
 // this client already has may not be visible to the read yet. report_seen
 // waits for that commit's lock on the row and records the loss only if
 // the registry is still behind (as Renew does), so a false alarm costs one
 // round trip and fences nobody.
-func (p *PG) checkRead(ctx context.Context, topology string, r readSeq) error {
+//
+// q is the pool, or the connection a caller holds (a pool of one
+// connection would wait for itself).
+func (p *PG) checkRead(ctx context.Context, q queryRower, topology string, r readSeq) error {
 	mark := p.marks.get(topology)
 	reason := r.reason
 	if reason == nil && r.seq < mark {
-		if err := p.pool.QueryRow(ctx, `SELECT shardkeeper.report_seen($1, $2)`, topology, mark).Scan(&reason); err != nil {
+		if err := q.QueryRow(ctx, `SELECT shardkeeper.report_seen($1, $2)`, topology, mark).Scan(&reason); err != nil {
 			return fmt.Errorf("check the registry sequence of %s against %d: %w", topology, mark, err)
 		}
 	}
@@ -196,6 +200,21 @@ func (p *PG) checkRead(ctx context.Context, topology string, r readSeq) error {
 	}
 	p.marks.note(topology, r.seq)
 	return nil
+}
+
+// checkReadNow reads what checkRead needs through q and checks it, for an
+// answer taken from the registry without a write (a repeated claim).
+func (p *PG) checkReadNow(ctx context.Context, q queryRower, topology string) error {
+	var rs readSeq
+	if err := q.QueryRow(ctx, readSeqSQL, topology).Scan(rs.dest()...); err != nil {
+		return fmt.Errorf("read the registry sequence of %s: %w", topology, err)
+	}
+	return p.checkRead(ctx, q, topology, rs)
+}
+
+// queryRower is a pool or a connection.
+type queryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // CheckSeq reads the registry's sequence of topology and refuses (a

@@ -224,9 +224,15 @@ func TestAReadBelowTheClientsMarkIsRefusedUnlessACommitWasInFlight(t *testing.T)
 		}
 	})
 	t.Run("a registry that went back", func(t *testing.T) {
+		_, err := pg.Claim(ctx, a.MemberRef, 1, "0.0")
+		must(t, err)
 		seq, err := pg.CheckSeq(ctx, topo)
 		must(t, err)
 		pg.NoteSeq(topo, seq+5)
+		// A repeated claim writes nothing, yet hands out a token.
+		if outs, err := pg.ClaimMany(ctx, a.MemberRef, 1, []string{"0.0"}); !isBehind(err) {
+			t.Fatalf("repeated claim: got %+v, %v; want behind", outs, err)
+		}
 		if _, err := pg.ConfirmOwned(ctx, a.MemberRef, map[string]int64{"0.0": 1}); !behindFor(err, "a client has seen a later sequence") {
 			t.Fatalf("confirmation: got %v, want behind", err)
 		}
