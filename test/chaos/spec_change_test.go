@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,16 +45,41 @@ type pendingEpoch struct {
 // awaited snapshot showed and when the move began. The step comes from
 // that snapshot, not a fresh read: every read between the snapshot and
 // the move widens the window in which the freeze completes first.
+//
+// The operator activates the epoch as soon as every live member has
+// acknowledged its freeze, which a fast operator did before the spec
+// update landed (a CI run, once the operator's own status patches stopped
+// waking reconciles). So a member that has not acknowledged yet is
+// SIGSTOPped for as long as the spec update takes (tens of milliseconds,
+// far inside its lease), and the freeze cannot complete meanwhile.
 func (s *scene) moveWhilePending(pending, next ownership.Topology) pendingEpoch {
 	s.t.Helper()
 	sn := s.awaitRegistry("the pending epoch", time.Minute, pendingIs(pending))
+	resume := s.holdFreeze(sn)
 	at := time.Now()
 	s.setShape(next)
+	resume()
 	step := topologyv1.StepFreeze
 	if allAcked(sn) {
 		step = topologyv1.StepActivate
 	}
 	return pendingEpoch{at: at, step: step}
+}
+
+// holdFreeze SIGSTOPs the worker of a live member that sn shows has not
+// acknowledged the pending freeze, and returns what resumes it; nothing
+// when every member had.
+func (s *scene) holdFreeze(sn poolctl.Snapshot) (resume func()) {
+	s.t.Helper()
+	for _, m := range sn.LiveMembers() {
+		if slices.Contains(sn.Pending.Acked, m.Name) {
+			continue
+		}
+		s.signalPod(m.Name, syscall.SIGSTOP)
+		return func() { s.signalPod(m.Name, syscall.SIGCONT) }
+	}
+	s.note("every member had acknowledged the freeze when the pending epoch was seen: nothing held")
+	return func() {}
 }
 
 // expectAbandoned checks that the fault took effect (the epoch of shape
