@@ -191,11 +191,7 @@ func fillRoleSQL(t *testing.T, stmts []string, db string, passwords map[string]s
 func runAs(t *testing.T, dsn string, stmts []string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectAs(t, dsn)
 	for _, s := range stmts {
 		if _, err := conn.Exec(ctx, s); err != nil {
 			t.Fatalf("the README's %q: %v", s, err)
@@ -216,21 +212,13 @@ func roleDSN(pg *pgtest.Server, role string, passwords map[string]string, db str
 	return fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/%s?sslmode=disable", role, url.QueryEscape(passwords[role]), pg.Port, db)
 }
 
-// assertSchemaOwner checks that the operator role, not the superuser,
-// created the schema's tables: otherwise the default privileges the
-// README sets (FOR ROLE shardkeeper_operator) would not be what this test
-// exercised.
 // assertSystemIDRecorded: the schema's owner (the operator's role, no
 // superuser) reads the server's system identifier, and the commit trigger,
 // run for the worker role's writes, records it beside the timeline.
 func assertSystemIDRecorded(t *testing.T, superDSN, topology string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, superDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectAs(t, superDSN)
 	var recorded, server *int64
 	if err := conn.QueryRow(ctx, `SELECT r.system_id, (SELECT system_identifier FROM pg_control_system())
 		FROM shardkeeper.registry_seq r WHERE r.topology = $1`, topology).Scan(&recorded, &server); err != nil {
@@ -241,14 +229,14 @@ func assertSystemIDRecorded(t *testing.T, superDSN, topology string) {
 	}
 }
 
+// assertSchemaOwner checks that the operator role, not the superuser,
+// created the schema's tables: otherwise the default privileges the
+// README sets (FOR ROLE shardkeeper_operator) would not be what this test
+// exercised.
 func assertSchemaOwner(t *testing.T, superDSN, role string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, superDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectAs(t, superDSN)
 	var others []string
 	rows, err := conn.Query(ctx, `SELECT tablename || ' (' || tableowner || ')' FROM pg_tables
 		WHERE schemaname = 'shardkeeper' AND tableowner <> $1 ORDER BY 1`, role)
@@ -316,11 +304,7 @@ func assertWorkerRoleRefused(t *testing.T, f *fleettest.Fleet, workerDSN string,
 	if _, err := reg.TakeOperatorToken(ctx, f.Topology, "forger"); !isDenied(err) {
 		t.Errorf("TakeOperatorToken as the worker role: %v, want permission denied", err)
 	}
-	conn, err := pgx.Connect(ctx, workerDSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectAs(t, workerDSN)
 	var user string
 	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&user); err != nil || user != "shardkeeper_worker" {
 		t.Fatalf("the worker DSN connects as %q (%v), want shardkeeper_worker", user, err)
@@ -506,4 +490,16 @@ func (r *watchedRegistry) Snapshot(ctx context.Context, topology string) (poolct
 	s, err := r.Registry.Snapshot(ctx, topology)
 	r.w.note("Snapshot", err)
 	return s, err
+}
+
+// connectAs opens one connection on dsn, closed when the test ends.
+func connectAs(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	return conn
 }
