@@ -539,6 +539,7 @@ func layoutFor(topo *topologyv1.ShardTopology, t ownership.Topology) natsops.Lay
 		Replicas:      n.ReplicasOrDefault(),
 		PinnedTTL:     n.PinnedTTLOrDefault(),
 		AckWait:       n.AckWaitOrDefault(),
+		MaxAckPending: n.MaxAckPendingOrDefault(),
 		Assignment:    natsops.ShardAssignment(n.ShardAssignment),
 	}
 }

@@ -22,6 +22,7 @@ const (
 	DefaultVersionFloor  = "2.14.0"
 	DefaultPinnedTTL     = 2 * time.Minute
 	DefaultAckWait       = 30 * time.Second
+	DefaultMaxAckPending = 10000
 	DefaultDrainTimeout  = 30 * time.Second
 	DefaultLeaseTTL      = 15 * time.Second
 	DefaultRenewInterval = 5 * time.Second
@@ -63,6 +64,15 @@ func (n *NATSSpec) ReplicasOrDefault() int {
 		return DefaultReplicas
 	}
 	return int(n.Replicas)
+}
+
+// MaxAckPendingOrDefault is spec.nats.maxAckPending, or its default when
+// unset.
+func (n *NATSSpec) MaxAckPendingOrDefault() int {
+	if n.MaxAckPending == 0 {
+		return DefaultMaxAckPending
+	}
+	return int(n.MaxAckPending)
 }
 
 // SubjectPrefix is the subject prefix of the topology's streams and

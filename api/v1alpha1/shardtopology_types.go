@@ -445,6 +445,21 @@ type NATSSpec struct {
 	// +optional
 	AckWait *metav1.Duration `json:"ackWait,omitempty"`
 
+	// MaxAckPending is how many rows a unit consumer may have delivered and
+	// not yet acknowledged (each unit consumer's max_ack_pending). A worker
+	// fetches a batch at a time, so it bounds only rows that wait: under
+	// rollout.ordering PerKey a new unit holds the rows of keys whose old
+	// unit has not drained, and once it holds this many it receives
+	// nothing more, unmoved keys included, until the barrier lifts. Each
+	// held row stays in its worker's memory. NATS's own default is 1000;
+	// a server or account limit on max_ack_pending below this value makes
+	// provisioning fail with NATS's error in status.
+	// +kubebuilder:validation:Minimum=100
+	// +kubebuilder:validation:Maximum=1000000
+	// +kubebuilder:default=10000
+	// +optional
+	MaxAckPending int32 `json:"maxAckPending,omitempty"`
+
 	// VersionFloor is the lowest NATS server version allowed to host a unit
 	// consumer or belong to the cluster when RESET-based takeover is used.
 	// RESET additionally needs 2.14.0 on every server, whatever the floor.

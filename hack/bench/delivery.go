@@ -23,17 +23,20 @@ import (
 // Ack drains the other, one after the other, both with the SDK's batch
 // size. A round is plain, SDK, SDK, plain (rows published before each
 // pair), so a drift in the load others put on this shared machine
-// cancels within it; rounds swap the twins. A side's rate is its rows
+// cancels within it; rounds swap the twins, and the stream is purged
+// after each. A drain is 300,000 rows (about 3 s): at 100,000 single
+// rounds ranged 0.86 to 1.21 and 15 rounds could not settle the ratio;
+// at 300,000 they ranged 0.95 to 1.03. A side's rate is its rows
 // over the time from its first row to its consumer's ack floor reaching
 // the last. (Side by side would not do: both sides then share the
 // server fairly and run at the same rate whatever the SDK costs.) One
 // more SDK drain runs under the CPU profiler to name the per-row costs.
 
 const (
-	deliveryRows  = 100_000
-	deliveryBatch = 64 // the SDK's default FetchBatch
-	deliveryGoal  = 0.95
-	payloadBytes  = 128
+	defaultDeliveryRows = 300_000
+	deliveryBatch       = 64 // the SDK's default FetchBatch
+	deliveryGoal        = 0.95
+	payloadBytes        = 128
 )
 
 var twins = [2]string{"a", "b"}
@@ -46,6 +49,8 @@ type deliveryFixture struct {
 	js   jetstream.JetStream
 	reg  *worker.Registry
 	topo string
+	// rows is how many rows each side drains per drain (-delivery-rows).
+	rows int
 }
 
 func runDelivery(ctx context.Context, e *env) ([]result, error) {
@@ -70,7 +75,7 @@ func runDelivery(ctx context.Context, e *env) ([]result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("profiled SDK round: %w", err)
 	}
-	return []result{deliveryResult(plain, sdk, ratios, e.o.rounds, prof)}, nil
+	return []result{deliveryResult(plain, sdk, ratios, e.o.rounds, f.rows, prof)}, nil
 }
 
 // twinLayout is the one-unit layout of a twin consumer.
@@ -84,7 +89,7 @@ func newDeliveryFixture(ctx context.Context, e *env) (*deliveryFixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &deliveryFixture{e: e, url: appURL(srv), topo: "bench/delivery"}
+	f := &deliveryFixture{e: e, url: appURL(srv), topo: "bench/delivery", rows: e.o.deliveryRows}
 	if f.nc, err = nats.Connect(f.url, nats.Name("bench publisher")); err != nil {
 		return nil, fmt.Errorf("connect to NATS: %w", err)
 	}
@@ -159,7 +164,20 @@ func (f *deliveryFixture) round(ctx context.Context, sdkTwin, plainTwin string) 
 			plain += r / 2
 		}
 	}
-	return plain, sdk, nil
+	return plain, sdk, f.purge(ctx)
+}
+
+// purge empties the twins' stream once both drained it, so every round
+// starts from the same, empty stream.
+func (f *deliveryFixture) purge(ctx context.Context) error {
+	s, err := f.js.Stream(ctx, twinLayout(twins[0]).StreamName(0))
+	if err != nil {
+		return err
+	}
+	if err := s.Purge(ctx); err != nil {
+		return fmt.Errorf("purge the twins' stream: %w", err)
+	}
+	return nil
 }
 
 // drain has start drain twin t and returns its rate.
@@ -175,7 +193,7 @@ func (f *deliveryFixture) drain(ctx context.Context, t string, start func(string
 	if err := errors.Join(werr, s.stop(), f.unpin(ctx, t)); err != nil {
 		return 0, err
 	}
-	return clk.rate(deliveryRows), nil
+	return clk.rate(f.rows), nil
 }
 
 // profiledRound is one more SDK drain with this process's CPU profiled
@@ -198,17 +216,17 @@ func (f *deliveryFixture) profiledRound(ctx context.Context) (*profile, error) {
 	return prof, err
 }
 
-// publish stores deliveryRows rows in the unit (both twins get them), a
+// publish stores f.rows rows in the unit (both twins get them), a
 // window of async publishes at a time.
 func (f *deliveryFixture) publish(ctx context.Context) error {
 	const window = 2000
 	payload := []byte(strings.Repeat("r", payloadBytes))
 	l := twinLayout(twins[0])
-	for i := range deliveryRows {
+	for i := range f.rows {
 		if _, err := f.js.PublishAsync(l.ShardSubject(0, 0, fmt.Sprint(i)), payload); err != nil {
 			return fmt.Errorf("publish: %w", err)
 		}
-		if (i+1)%window != 0 && i+1 != deliveryRows {
+		if (i+1)%window != 0 && i+1 != f.rows {
 			continue
 		}
 		select {
@@ -249,7 +267,7 @@ func (f *deliveryFixture) waitAcked(ctx context.Context, t string, clk *roundClo
 		return err
 	}
 	for {
-		if clk.handled.Load() >= deliveryRows {
+		if clk.handled.Load() >= int64(f.rows) {
 			info, err := cons.Info(ctx)
 			if err != nil {
 				return err
@@ -260,7 +278,7 @@ func (f *deliveryFixture) waitAcked(ctx context.Context, t string, clk *roundClo
 			}
 		}
 		if err := pause(ctx, time.Millisecond); err != nil {
-			return fmt.Errorf("%d of %d rows handled: %w", clk.handled.Load(), deliveryRows, err)
+			return fmt.Errorf("%d of %d rows handled: %w", clk.handled.Load(), f.rows, err)
 		}
 	}
 }
@@ -366,7 +384,7 @@ func (f *deliveryFixture) startSDK(t string, clk *roundClock) (*side, error) {
 	return s, nil
 }
 
-func deliveryResult(plain, sdk, ratios []float64, maxRounds int, prof *profile) result {
+func deliveryResult(plain, sdk, ratios []float64, maxRounds, rows int, prof *profile) result {
 	ratio, lo, hi, ok := ratioInterval(ratios)
 	r := result{
 		row: "c", what: "SDK delivery, no-op handler, no history (rows/s)",
@@ -382,7 +400,7 @@ func deliveryResult(plain, sdk, ratios []float64, maxRounds int, prof *profile) 
 			lo, hi, intervalGoal*100, len(ratios)))
 	}
 	r.notes = append(r.notes, fmt.Sprintf("each side drains %d rows of %d bytes, twice per round (plain, SDK, SDK, plain), from twin R1 consumers of one stream (pinned priority group), batch %d, one nats-server process; twins swapped every round",
-		deliveryRows, payloadBytes, deliveryBatch))
+		rows, payloadBytes, deliveryBatch))
 	for i := range ratios {
 		r.notes = append(r.notes, fmt.Sprintf("round %d: plain %.0f rows/s, SDK %.0f rows/s, ratio %.3f", i+1, plain[i], sdk[i], ratios[i]))
 	}

@@ -253,6 +253,9 @@ func consumerDrift(stream string, want, got api.ConsumerConfig) ([]Finding, *api
 	if want.AckWait != got.AckWait {
 		update("ack_wait", want.AckWait.String(), got.AckWait.String(), func() { next.AckWait = want.AckWait })
 	}
+	if want.MaxAckPending != got.MaxAckPending {
+		update("max_ack_pending", fmt.Sprint(want.MaxAckPending), fmt.Sprint(got.MaxAckPending), func() { next.MaxAckPending = want.MaxAckPending })
+	}
 	if want.MaxDeliver != got.MaxDeliver {
 		update("max_deliver", fmt.Sprint(want.MaxDeliver), fmt.Sprint(got.MaxDeliver), func() { next.MaxDeliver = want.MaxDeliver })
 	}

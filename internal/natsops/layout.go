@@ -58,6 +58,11 @@ type Layout struct {
 	// AckWait is how long a delivered row may stay unacknowledged before it
 	// is redelivered.
 	AckWait time.Duration
+	// MaxAckPending is each unit consumer's max_ack_pending; 0 means
+	// DefaultMaxAckPending. Under an order barrier a worker holds a moved
+	// key's rows delivered and unacknowledged, so this bounds how many
+	// rows a unit can hold before it stops receiving, unmoved keys too.
+	MaxAckPending int
 	// Assignment says who picks a row's shard; empty means publishers.
 	Assignment ShardAssignment
 	// Unpinned provisions plain pull consumers, without the pinned
@@ -117,6 +122,20 @@ const MaxShards = 1024
 // debugging reader), so no V the API allows ever needs it raised.
 const StreamMaxConsumers = 2 * MaxShards
 
+// DefaultMaxAckPending is a unit consumer's max_ack_pending when the layout
+// names none: the ShardTopology API's default (spec.nats.maxAckPending).
+// NATS's own default, 1000, let a unit under an order barrier stop
+// receiving unmoved keys once it held 1000 rows of moved ones.
+const DefaultMaxAckPending = 10000
+
+// maxAckPending is l.MaxAckPending or its default.
+func (l Layout) maxAckPending() int {
+	if l.MaxAckPending == 0 {
+		return DefaultMaxAckPending
+	}
+	return l.MaxAckPending
+}
+
 // ErrBadLayout means a layout cannot be provisioned as given.
 var ErrBadLayout = errors.New("bad layout")
 
@@ -146,6 +165,9 @@ func (l Layout) Validate() error {
 	}
 	if l.AckWait <= 0 {
 		bad("ack wait %s must be positive", l.AckWait)
+	}
+	if l.MaxAckPending < 0 {
+		bad("max ack pending %d must be 0 (the default, %d) or positive", l.MaxAckPending, DefaultMaxAckPending)
 	}
 	switch l.Assignment {
 	case "", AssignByPublisher, AssignByTransform:
@@ -283,6 +305,7 @@ func (l Layout) ConsumerConfig(p, s int) api.ConsumerConfig {
 		FilterSubject:  l.FilterSubject(p, s),
 		AckPolicy:      api.AckExplicit,
 		AckWait:        l.AckWait,
+		MaxAckPending:  l.maxAckPending(),
 		DeliverPolicy:  api.DeliverAll,
 		ReplayPolicy:   api.ReplayInstant,
 		MaxDeliver:     -1,

@@ -91,6 +91,7 @@ func TestProvisionReportsDriftAndCorrectsOnlyWhatIsSafe(t *testing.T) {
 	ccfg := cons.Config
 	ccfg.AckWait = 5 * time.Second
 	ccfg.PinnedTTL = time.Hour
+	ccfg.MaxAckPending = 1000 // NATS's default: what consumers provisioned before the layout set it have
 	if err := jsa.updateConsumer(ctx, l.StreamName(0), ccfg); err != nil {
 		t.Fatalf("tamper with consumer: %v", err)
 	}
@@ -120,6 +121,7 @@ func TestProvisionReportsDriftAndCorrectsOnlyWhatIsSafe(t *testing.T) {
 		{Object: refused, Field: "filter_subject", Want: l.FilterSubject(0, 0) + " only: another filter delivers rows of other units under this unit's claim",
 			Got: l.FilterSubject(0, 7), Unsafe: true},
 		{Object: consumer, Field: "ack_wait", Want: "30s", Got: "5s", Updated: true},
+		{Object: consumer, Field: "max_ack_pending", Want: fmt.Sprint(DefaultMaxAckPending), Got: "1000", Updated: true},
 		{Object: consumer, Field: "priority_timeout", Want: "2m0s", Got: "1h0m0s", Updated: true},
 		{Object: streamObject(l.StreamName(0)), Field: "num_replicas", Want: "1", Got: "3", Updated: true},
 	}
@@ -139,8 +141,8 @@ func TestProvisionReportsDriftAndCorrectsOnlyWhatIsSafe(t *testing.T) {
 
 	js := mustJetStream(t, nc)
 	ci := mustConsumerInfo(t, js, l.StreamName(0), l.ConsumerDurable(0, 1))
-	if ci.Config.AckWait != l.AckWait || ci.Config.PinnedTTL != l.PinnedTTL {
-		t.Fatalf("safe drift not corrected: ack_wait %s, priority_timeout %s", ci.Config.AckWait, ci.Config.PinnedTTL)
+	if ci.Config.AckWait != l.AckWait || ci.Config.PinnedTTL != l.PinnedTTL || ci.Config.MaxAckPending != DefaultMaxAckPending {
+		t.Fatalf("safe drift not corrected: ack_wait %s, priority_timeout %s, max_ack_pending %d", ci.Config.AckWait, ci.Config.PinnedTTL, ci.Config.MaxAckPending)
 	}
 	if ci := mustConsumerInfo(t, js, l.StreamName(0), l.ConsumerDurable(0, 0)); ci.Config.FilterSubject != l.FilterSubject(0, 7) {
 		t.Fatalf("filter changed to %s: a unit's rows must never be re-pointed silently", ci.Config.FilterSubject)

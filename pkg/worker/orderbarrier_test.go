@@ -85,6 +85,28 @@ func (l *orderLog) count() int {
 	return n
 }
 
+// countDelivered counts the rows delivered at least once.
+func (l *orderLog) countDelivered() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.delivered {
+		n += len(m)
+	}
+	return n
+}
+
+// countOf counts the acknowledged rows of keys.
+func (l *orderLog) countOf(keys []string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, k := range keys {
+		n += len(l.acked[k])
+	}
+	return n
+}
+
 // inversions lists rows first delivered in another unit than an earlier
 // row of their key before that earlier row was acknowledged.
 func (l *orderLog) inversions() []string {
@@ -372,7 +394,7 @@ func TestPerKeyBarrierHoldsKeysMovedIntoAUnitHeldAcrossTheActivation(t *testing.
 	}
 	publish(0) // waits in 0.3, whose handler is gated
 	fleettest.Eventually(t, 30*time.Second, func() error {
-		if n := len(log.delivered); n == 0 {
+		if log.countDelivered() == 0 {
 			return fmt.Errorf("0.%d has not taken its first row yet", gated)
 		}
 		return nil
@@ -491,4 +513,131 @@ func movedRowsWaiting(ctx context.Context, t *testing.T, js jetstream.JetStream,
 		n += int(info.NumPending)
 	}
 	return n
+}
+
+// A new unit that holds more moved rows than NATS's default max ack
+// pending (1000) still delivers its unmoved keys: 8 -> 12 moves keys of
+// old shard 3 into unit 0.target, which also keeps keys of its own. 0.3's
+// handler is gated, so the barrier holds every moved row in 0.target;
+// the unit consumers are provisioned with the layout's max_ack_pending
+// (DefaultMaxAckPending), so the unmoved keys' rows published after the
+// held ones are still fetched and delivered. With max_ack_pending 1000
+// (NATS's default, what the layout set before spec.nats.maxAckPending)
+// the unit stops receiving at 1000 held rows and the unmoved rows wait
+// for the barrier.
+func TestPerKeyBarrierHoldingMoreThanOneThousandRowsLetsUnmovedKeysFlow(t *testing.T) {
+	ctx := context.Background()
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 8, Servers: 1, AckWait: 3 * time.Second, Assignment: natsops.AssignByTransform})
+	nc := f.NATS.Connect(0)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gated, from, to, target = 3, 8, 12, 7
+	const movedRows = 1200 // above NATS's default max ack pending
+	gate := make(chan struct{})
+	defer func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	}()
+	log := newOrderLog()
+	s := startSDK(t, f, "w-0", log.gatedHandler(gated, gate), func(o *worker.Options) { o.FetchWait = 200 * time.Millisecond })
+	waitHolding(t, s, 30*time.Second, unitNames(from)...)
+
+	var moved, unmoved []string
+	for i := 0; len(moved) < 12 || len(unmoved) < 4; i++ {
+		k := fmt.Sprintf("acct%d", i)
+		o, n := ownership.PartitionShard(k, from), ownership.PartitionShard(k, to)
+		switch {
+		case o == gated && n == target && len(moved) < 12:
+			moved = append(moved, k)
+		case o == target && n == target && len(unmoved) < 4:
+			unmoved = append(unmoved, k)
+		}
+	}
+	publish := func(keys []string, seqFrom, seqTo int) {
+		t.Helper()
+		for seq := seqFrom; seq < seqTo; seq++ {
+			for _, k := range keys {
+				if _, err := js.PublishAsync(f.Layout.RowSubject(0, k), []byte(fmt.Sprint(seq))); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-time.After(30 * time.Second):
+			t.Fatal("publishes not acknowledged within 30s")
+		}
+	}
+	publish(moved, 0, 1) // stuck in 0.3 behind the gate
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if log.countDelivered() == 0 {
+			return fmt.Errorf("0.%d has not taken its first row yet", gated)
+		}
+		return nil
+	})
+
+	// The change, as the operator makes it.
+	reg := f.Registry
+	wide := f.Layout
+	wide.Shards, wide.TransformShards = to, from
+	if _, err := f.Provision(ctx, wide); err != nil {
+		t.Fatal(err)
+	}
+	pos, err := natsops.StreamPositions(ctx, nc, f.Layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	preds, err := ownership.MovingShards(from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch, err := reg.CreateOrderedPending(ctx, f.Topology, 1, to, poolctl.BarrierStart{FromShards: from,
+		Before: map[int]uint64{0: pos[0].LastSeq}, Predecessors: preds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error { return reg.Activate(ctx, f.Topology, epoch) })
+	wide.TransformShards = 0
+	if _, err := f.Provision(ctx, wide); err != nil {
+		t.Fatal(err)
+	}
+	f.Layout = wide
+	recordSwitch(t, nc, reg, f, epoch, from, to)
+	stop := make(chan struct{})
+	defer close(stop)
+	go liftLoop(nc, reg, f, epoch, stop)
+	waitHolding(t, s, 30*time.Second, unitNames(to)...)
+
+	// The fault took effect: more rows held in 0.target than NATS's
+	// default would let it have outstanding.
+	publish(moved, 1, 1+movedRows/len(moved))
+	fleettest.Eventually(t, 60*time.Second, func() error {
+		if n := s.counter(t, "shardkeeper_worker_rows_held_total"); n < movedRows {
+			return fmt.Errorf("%v rows held, want all %d moved rows", n, movedRows)
+		}
+		return nil
+	})
+	publish(unmoved, 0, 5)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := log.countOf(unmoved); n != 5*len(unmoved) {
+			return fmt.Errorf("%d of %d rows of unmoved keys in 0.%d acknowledged while it holds %d moved rows", n, 5*len(unmoved), target, movedRows)
+		}
+		return nil
+	})
+	close(gate)
+	total := len(moved)*(1+movedRows/len(moved)) + 5*len(unmoved)
+	fleettest.Eventually(t, 60*time.Second, func() error {
+		if n := log.count(); n != total {
+			return fmt.Errorf("%d of %d rows acknowledged", n, total)
+		}
+		return nil
+	})
+	if inv := log.inversions(); len(inv) > 0 {
+		t.Fatalf("%d cross-unit per-key inversions: %v", len(inv), inv[:min(5, len(inv))])
+	}
 }
