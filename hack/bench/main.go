@@ -92,6 +92,7 @@ func run(ctx context.Context, o options) error {
 		e.say("row %s: %s", r.id, r.name)
 		rowStart := time.Now()
 		res, err := r.run(ctx, e)
+		e.endRow()
 		if err != nil {
 			failed++
 			res = append(res, result{row: r.id, what: r.name, measured: "not measured", why: []string{err.Error()}})
