@@ -24,11 +24,11 @@ import (
 // size. A round is plain, SDK, SDK, plain (rows published before each
 // pair), so a drift in the load others put on this shared machine
 // cancels within it; rounds swap the twins, and the stream is purged
-// after each. A drain is 300,000 rows (about 3 s): at 100,000 single
+// after each. A drain is 300,000 rows (3 to 5 s): at 100,000 single
 // rounds ranged 0.86 to 1.21 and 15 rounds could not settle the ratio;
-// at 300,000 they ranged 0.95 to 1.03. A side's rate is its rows
-// over the time from its first row to its consumer's ack floor reaching
-// the last. (Side by side would not do: both sides then share the
+// at 300,000 they ranged 0.94 to 1.07 in a full `make bench`. A side's
+// rate is its rows over the time from its first row to its consumer's
+// ack floor reaching the last. (Side by side would not do: both sides then share the
 // server fairly and run at the same rate whatever the SDK costs.) One
 // more SDK drain runs under the CPU profiler to name the per-row costs.
 
