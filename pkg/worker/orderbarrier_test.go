@@ -404,31 +404,7 @@ func TestPerKeyBarrierHoldsKeysMovedIntoAUnitHeldAcrossTheActivation(t *testing.
 	// with its barrier, every live member's freeze acknowledgement, the
 	// activation, and the transform moved at once.
 	reg := f.Registry
-	wide := f.Layout
-	wide.Shards, wide.TransformShards = to, from
-	if _, err := f.Provision(ctx, wide); err != nil {
-		t.Fatal(err)
-	}
-	pos, err := natsops.StreamPositions(ctx, nc, f.Layout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	preds, err := ownership.MovingShards(from, to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	epoch, err := reg.CreateOrderedPending(ctx, f.Topology, 1, to, poolctl.BarrierStart{FromShards: from,
-		Before: map[int]uint64{0: pos[0].LastSeq}, Predecessors: preds})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fleettest.Eventually(t, 30*time.Second, func() error { return reg.Activate(ctx, f.Topology, epoch) })
-	activated := time.Now()
-	wide.TransformShards = 0
-	if _, err := f.Provision(ctx, wide); err != nil {
-		t.Fatal(err)
-	}
-	f.Layout = wide
+	epoch, activated := changeVUnderBarrier(t, f, nc, from, to)
 	publish(1)
 	// The fault took effect: the rows reached the units the keys moved
 	// to while the worker had not read the registry since (the next tick
@@ -490,6 +466,44 @@ func TestPerKeyBarrierHoldsKeysMovedIntoAUnitHeldAcrossTheActivation(t *testing.
 	t.Logf("moved rows taken by their new units %s after the activation; %v rows held", taken.Round(time.Millisecond), s.counter(t, "shardkeeper_worker_rows_held_total"))
 }
 
+// changeVUnderBarrier changes partition 0's V from from to to as the
+// operator does under PerKey: the new units provisioned with the
+// transform still on from, the pending epoch written with its barrier
+// (the stream's last sequence as the sequence before the switch), the
+// activation once every live member acknowledged the freeze, and the
+// transform moved. It returns the epoch and when it was activated; f's
+// layout is the new one after it.
+func changeVUnderBarrier(t *testing.T, f *fleettest.Fleet, nc natsConn, from, to int) (int64, time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	wide := f.Layout
+	wide.Shards, wide.TransformShards = to, from
+	if _, err := f.Provision(ctx, wide); err != nil {
+		t.Fatal(err)
+	}
+	pos, err := natsops.StreamPositions(ctx, nc, f.Layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	preds, err := ownership.MovingShards(from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch, err := f.Registry.CreateOrderedPending(ctx, f.Topology, 1, to, poolctl.BarrierStart{FromShards: from,
+		Before: map[int]uint64{0: pos[0].LastSeq}, Predecessors: preds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error { return f.Registry.Activate(ctx, f.Topology, epoch) })
+	activated := time.Now()
+	wide.TransformShards = 0
+	if _, err := f.Provision(ctx, wide); err != nil {
+		t.Fatal(err)
+	}
+	f.Layout = wide
+	return epoch, activated
+}
+
 // movedRowsWaiting counts the rows of keys not yet delivered by the
 // consumers of the units they moved to.
 func movedRowsWaiting(ctx context.Context, t *testing.T, js jetstream.JetStream, f *fleettest.Fleet, keys []string, from, to int) int {
@@ -526,7 +540,6 @@ func movedRowsWaiting(ctx context.Context, t *testing.T, js jetstream.JetStream,
 // the unit stops receiving at 1000 held rows and the unmoved rows wait
 // for the barrier.
 func TestPerKeyBarrierHoldingMoreThanOneThousandRowsLetsUnmovedKeysFlow(t *testing.T) {
-	ctx := context.Background()
 	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 8, Servers: 1, AckWait: 3 * time.Second, Assignment: natsops.AssignByTransform})
 	nc := f.NATS.Connect(0)
 	js, err := jetstream.New(nc)
@@ -583,30 +596,7 @@ func TestPerKeyBarrierHoldingMoreThanOneThousandRowsLetsUnmovedKeysFlow(t *testi
 
 	// The change, as the operator makes it.
 	reg := f.Registry
-	wide := f.Layout
-	wide.Shards, wide.TransformShards = to, from
-	if _, err := f.Provision(ctx, wide); err != nil {
-		t.Fatal(err)
-	}
-	pos, err := natsops.StreamPositions(ctx, nc, f.Layout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	preds, err := ownership.MovingShards(from, to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	epoch, err := reg.CreateOrderedPending(ctx, f.Topology, 1, to, poolctl.BarrierStart{FromShards: from,
-		Before: map[int]uint64{0: pos[0].LastSeq}, Predecessors: preds})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fleettest.Eventually(t, 30*time.Second, func() error { return reg.Activate(ctx, f.Topology, epoch) })
-	wide.TransformShards = 0
-	if _, err := f.Provision(ctx, wide); err != nil {
-		t.Fatal(err)
-	}
-	f.Layout = wide
+	epoch, _ := changeVUnderBarrier(t, f, nc, from, to)
 	recordSwitch(t, nc, reg, f, epoch, from, to)
 	stop := make(chan struct{})
 	defer close(stop)
