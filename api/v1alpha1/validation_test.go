@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/testbed"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
 )
@@ -246,6 +247,8 @@ func TestDefaultsAreApplied(t *testing.T) {
 		{"nats.pinnedTTL", n.PinnedTTL.Duration, topologyv1.DefaultPinnedTTL},
 		{"nats.ackWait", n.AckWait.Duration, topologyv1.DefaultAckWait},
 		{"nats.maxAckPending", n.MaxAckPending, int32(topologyv1.DefaultMaxAckPending)},
+		// A layout built without the spec (tests, the bench) gets the same.
+		{"nats.maxAckPending (natsops.DefaultMaxAckPending)", natsops.DefaultMaxAckPending, topologyv1.DefaultMaxAckPending},
 		{"rollout.paused", r.Paused, false},
 		{"rollout.drainTimeout", r.DrainTimeout.Duration, topologyv1.DefaultDrainTimeout},
 		{"rollout.leaseTTL", r.LeaseTTL.Duration, topologyv1.DefaultLeaseTTL},
