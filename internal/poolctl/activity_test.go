@@ -71,3 +71,56 @@ func TestActivityReportReplacesTheMembersPrevious(t *testing.T) {
 		wantErr(t, "activity of an unknown topology", err, ErrUnknownTopology)
 	})
 }
+
+// A worker of the previous release reports into unit_activity, one row
+// per unit (migration 0015 keeps the table until workers are rolled): its
+// report is read like any other, the newer of a member's two reports
+// wins, and the member's first report in the new form removes the old
+// rows.
+func TestActivityOfAWorkerOfThePreviousReleaseIsReadUntilItReportsAgain(t *testing.T) {
+	ctx := context.Background()
+	pg, _ := newPG(t)
+	topo := newTopology(t, pg, testParams, 1, 4)
+	a, err := pg.Join(ctx, topo, "a")
+	must(t, err)
+	b, err := pg.Join(ctx, topo, "b")
+	must(t, err)
+	oldReport := func(m MemberRef, unit string) {
+		t.Helper()
+		_, err := pg.pool.Exec(ctx, `
+			INSERT INTO shardkeeper.unit_activity (topology, unit, member, incarnation, epoch, reported_at, last_fetch_at, last_rows_at, pulling_since)
+			SELECT $1, $2, $3, $4, 1, now, now - interval '2 seconds', NULL, now - interval '1 minute'
+			  FROM (SELECT shardkeeper.clock($1) AS now) t`, m.Topology, unit, m.Member, m.Incarnation)
+		must(t, err)
+	}
+	oldReport(a.MemberRef, "0.0")
+	oldReport(a.MemberRef, "0.1")
+	must(t, pg.ReportActivity(ctx, b.MemberRef, []UnitActivity{{Unit: "0.2", Epoch: 1, SinceFetch: 0, SinceRows: -1, SincePullStart: 0}}))
+	got, err := pg.Activity(ctx, topo)
+	must(t, err)
+	if len(got) != 3 || got[0].Member != "a" || got[1].Member != "a" || got[2].Member != "b" {
+		t.Fatalf("both tables' reports: %+v", got)
+	}
+	if r := got[0]; r.ReportedAt.Sub(r.LastFetch) != 2*time.Second || !r.LastRows.IsZero() || r.ReportedAt.Sub(r.PullingSince) != time.Minute {
+		t.Fatalf("an old row is read as written: %+v", r)
+	}
+
+	// An old row newer than the member's report in the new form wins (a
+	// worker rolled back), and the new form wins over older rows.
+	must(t, pg.ReportActivity(ctx, a.MemberRef, []UnitActivity{{Unit: "0.3", Epoch: 1, SinceFetch: 0, SinceRows: 0, SincePullStart: 0}}))
+	must(t, pg.ShiftClock(ctx, topo, time.Minute))
+	oldReport(a.MemberRef, "0.0")
+	got, err = pg.Activity(ctx, topo)
+	must(t, err)
+	if len(got) != 2 || got[0].Unit != "0.0" || got[0].Member != "a" || got[1].Member != "b" {
+		t.Fatalf("a's newer old-form report wins: %+v", got)
+	}
+	must(t, pg.ReportActivity(ctx, a.MemberRef, []UnitActivity{{Unit: "0.3", Epoch: 1, SinceFetch: 0, SinceRows: 0, SincePullStart: 0}}))
+	var left int
+	must(t, pg.pool.QueryRow(ctx, "SELECT count(*) FROM shardkeeper.unit_activity WHERE topology = $1", topo).Scan(&left))
+	got, err = pg.Activity(ctx, topo)
+	must(t, err)
+	if left != 0 || len(got) != 2 || got[0].Unit != "0.2" || got[1].Unit != "0.3" || got[1].Member != "a" {
+		t.Fatalf("a's report in the new form replaced its old rows (%d left): %+v", left, got)
+	}
+}

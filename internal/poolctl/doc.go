@@ -31,7 +31,9 @@
 // topologies (lease parameters, incarnation counter), epochs (one active, at
 // most one pending), freeze_acks, members (one row per pod name, kept after
 // it leaves), claims (one row per unit ever claimed), retiring_units,
-// unit_activity, reset_permissions, and the append-only claim_history and
+// member_activity (one row per member's latest activity report;
+// unit_activity, one row per unit, is read until workers of the release
+// before 0015 are rolled), reset_permissions, and the append-only claim_history and
 // lease_history, which triggers fill so that no writer can forget them.
 //
 // # Sessions and locks

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ReportActivity implements Registry in one statement: it deletes the
-// member's rows for units no longer reported and upserts the others, with
+// ReportActivity implements Registry in one statement: the member's
+// report replaces its previous one, as one row (member_activity), with
 // times on the registry's clock. It needs the member's current incarnation
 // but not a live lease: a member that lost its lease still tells the truth
 // about what it pulled.
@@ -23,24 +23,7 @@ func (p *PG) ReportActivity(ctx context.Context, m MemberRef, units []UnitActivi
 		done *bool
 		cur  memberScan
 	)
-	err = p.pool.QueryRow(ctx, `
-		WITH t AS (SELECT shardkeeper.clock($1) AS now),
-		me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
-		ok AS (SELECT 1 FROM me WHERE me.incarnation = $3 AND me.left_at IS NULL),
-		w AS (SELECT * FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]) AS w(unit, epoch, since_fetch, since_rows, since_pull)),
-		del AS (DELETE FROM shardkeeper.unit_activity a
-		         WHERE a.topology = $1 AND a.member = $2 AND EXISTS (SELECT 1 FROM ok) AND a.unit <> ALL($4::text[])),
-		up AS (INSERT INTO shardkeeper.unit_activity AS a (topology, unit, member, incarnation, epoch, reported_at, last_fetch_at, last_rows_at, pulling_since)
-		       SELECT $1, w.unit, $2, $3, w.epoch, t.now,
-		              CASE WHEN w.since_fetch < 0 THEN NULL ELSE t.now - w.since_fetch * interval '1 microsecond' END,
-		              CASE WHEN w.since_rows < 0 THEN NULL ELSE t.now - w.since_rows * interval '1 microsecond' END,
-		              CASE WHEN w.since_pull < 0 THEN NULL ELSE t.now - w.since_pull * interval '1 microsecond' END
-		         FROM w, t, ok
-		       ON CONFLICT (topology, member, unit) DO UPDATE
-		          SET incarnation = excluded.incarnation, epoch = excluded.epoch, reported_at = excluded.reported_at,
-		              last_fetch_at = excluded.last_fetch_at, last_rows_at = excluded.last_rows_at,
-		              pulling_since = excluded.pulling_since)
-		SELECT t.now, EXISTS (SELECT 1 FROM ok), `+memberCols("me")+` FROM t LEFT JOIN me ON true`,
+	err = p.pool.QueryRow(ctx, reportActivitySQL,
 		m.Topology, m.Member, m.Incarnation, rep.units, rep.epochs, rep.sinceFetch, rep.sinceRows, rep.sincePull).Scan(
 		scanAll([]any{&now, &done}, cur.dest())...)
 	if err != nil {
@@ -65,10 +48,28 @@ func (p *PG) Activity(ctx context.Context, topology string) ([]ActivityReport, e
 }
 
 // activitySQL lists a topology's activity reports (one row of NULLs when
-// it has none, none when the topology is unknown).
+// it has none, none when the topology is unknown): each member's newer
+// report of member_activity and, from workers of the previous release,
+// unit_activity (see migration 0015).
 const activitySQL = `
+	WITH r AS (
+	  SELECT m.topology, u.unit, m.member, m.incarnation, u.epoch, m.reported_at,
+	         CASE WHEN u.since_fetch < 0 THEN NULL ELSE m.reported_at - u.since_fetch * interval '1 microsecond' END AS last_fetch_at,
+	         CASE WHEN u.since_rows < 0 THEN NULL ELSE m.reported_at - u.since_rows * interval '1 microsecond' END AS last_rows_at,
+	         CASE WHEN u.since_pull < 0 THEN NULL ELSE m.reported_at - u.since_pull * interval '1 microsecond' END AS pulling_since
+	    FROM shardkeeper.member_activity m
+	    CROSS JOIN LATERAL unnest(m.units, m.epochs, m.since_fetch, m.since_rows, m.since_pull) AS u(unit, epoch, since_fetch, since_rows, since_pull)
+	   WHERE m.topology = $1
+	     AND NOT EXISTS (SELECT 1 FROM shardkeeper.unit_activity o
+	                      WHERE o.topology = m.topology AND o.member = m.member AND o.reported_at > m.reported_at)
+	  UNION ALL
+	  SELECT o.topology, o.unit, o.member, o.incarnation, o.epoch, o.reported_at, o.last_fetch_at, o.last_rows_at, o.pulling_since
+	    FROM shardkeeper.unit_activity o
+	   WHERE o.topology = $1
+	     AND NOT EXISTS (SELECT 1 FROM shardkeeper.member_activity m
+	                      WHERE m.topology = o.topology AND m.member = o.member AND m.reported_at >= o.reported_at))
 	SELECT a.unit, a.member, a.incarnation, a.epoch, a.reported_at, a.last_fetch_at, a.last_rows_at, a.pulling_since
-	  FROM shardkeeper.topologies t LEFT JOIN shardkeeper.unit_activity a ON a.topology = t.topology
+	  FROM shardkeeper.topologies t LEFT JOIN r a ON a.topology = t.topology
 	 WHERE t.topology = $1
 	 ORDER BY a.unit COLLATE "C", a.member COLLATE "C"`
 
@@ -111,3 +112,21 @@ func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 	}
 	return out, nil
 }
+
+// reportActivitySQL is ReportActivity's statement: one row per member,
+// and the member's rows in unit_activity, written by its previous
+// release, go.
+var reportActivitySQL = `
+	WITH t AS (SELECT shardkeeper.clock($1) AS now),
+	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
+	ok AS (SELECT 1 FROM me WHERE me.incarnation = $3 AND me.left_at IS NULL),
+	old AS (DELETE FROM shardkeeper.unit_activity a
+	         WHERE a.topology = $1 AND a.member = $2 AND EXISTS (SELECT 1 FROM ok)),
+	up AS (INSERT INTO shardkeeper.member_activity AS a (topology, member, incarnation, reported_at, units, epochs, since_fetch, since_rows, since_pull)
+	       SELECT $1, $2, $3, t.now, $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]
+	         FROM t, ok
+	       ON CONFLICT (topology, member) DO UPDATE
+	          SET incarnation = excluded.incarnation, reported_at = excluded.reported_at, units = excluded.units,
+	              epochs = excluded.epochs, since_fetch = excluded.since_fetch, since_rows = excluded.since_rows,
+	              since_pull = excluded.since_pull)
+	SELECT t.now, EXISTS (SELECT 1 FROM ok), `+memberCols("me")+` FROM t LEFT JOIN me ON true`
