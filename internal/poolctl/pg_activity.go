@@ -129,4 +129,4 @@ var reportActivitySQL = `
 	          SET incarnation = excluded.incarnation, reported_at = excluded.reported_at, units = excluded.units,
 	              epochs = excluded.epochs, since_fetch = excluded.since_fetch, since_rows = excluded.since_rows,
 	              since_pull = excluded.since_pull)
-	SELECT t.now, EXISTS (SELECT 1 FROM ok), `+memberCols("me")+` FROM t LEFT JOIN me ON true`
+	SELECT t.now, EXISTS (SELECT 1 FROM ok), ` + memberCols("me") + ` FROM t LEFT JOIN me ON true`
