@@ -12,11 +12,12 @@ import (
 )
 
 // histogram is one Prometheus histogram as scraped: cumulative counts by
-// upper bound.
+// upper bound, and the sum of the observations.
 type histogram struct {
 	bounds []float64 // sorted, +Inf last
 	counts map[float64]float64
 	count  float64
+	sum    float64
 }
 
 // reconcileHistogram scrapes the operator's controller_runtime_reconcile_
@@ -51,23 +52,33 @@ func (p *operatorProc) histograms(name, by string) (map[string]histogram, error)
 	hs := map[string]histogram{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	prefix := name + "_bucket{"
+	prefix, sumPrefix := name+"_bucket{", name+"_sum{"
 	for sc.Scan() {
 		l := sc.Text()
-		if !strings.HasPrefix(l, prefix) {
+		isSum := strings.HasPrefix(l, sumPrefix)
+		if !isSum && !strings.HasPrefix(l, prefix) {
 			continue
 		}
 		key := labelValue(l, by)
-		le, n, err := parseBucket(l)
-		if err != nil {
-			return nil, err
-		}
 		h, ok := hs[key]
 		if !ok {
 			h = histogram{counts: map[float64]float64{}}
 		}
-		h.counts[le] = n
-		h.bounds = append(h.bounds, le)
+		if isSum {
+			fields := strings.Fields(l)
+			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+			if err != nil {
+				return nil, fmt.Errorf("parse %q: %w", l, err)
+			}
+			h.sum = v
+		} else {
+			le, n, err := parseBucket(l)
+			if err != nil {
+				return nil, err
+			}
+			h.counts[le] = n
+			h.bounds = append(h.bounds, le)
+		}
 		hs[key] = h
 	}
 	if err := sc.Err(); err != nil {
@@ -111,7 +122,7 @@ func parseBucket(line string) (le, n float64, err error) {
 
 // minus is h's observations since earlier.
 func (h histogram) minus(earlier histogram) histogram {
-	d := histogram{bounds: h.bounds, counts: map[float64]float64{}, count: h.count - earlier.count}
+	d := histogram{bounds: h.bounds, counts: map[float64]float64{}, count: h.count - earlier.count, sum: h.sum - earlier.sum}
 	for _, b := range h.bounds {
 		d.counts[b] = h.counts[b] - earlier.counts[b]
 	}
@@ -142,6 +153,15 @@ func (h histogram) quantile(q float64) (d time.Duration, over bool) {
 		prevBound, prevCount = b, c
 	}
 	return seconds(prevBound), true
+}
+
+// mean is the observations' mean, from their sum: exact where a
+// quantile is interpolated within a bucket.
+func (h histogram) mean() time.Duration {
+	if h.count == 0 {
+		return 0
+	}
+	return seconds(h.sum / h.count)
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -62,6 +62,7 @@ type opRun struct {
 	rss        []int64
 	p99        time.Duration
 	p99Over    bool // p99 beyond the histogram's last finite bucket
+	mean       time.Duration
 	reconciles int
 	// steps are the reconcile's steps over the window, slowest p99 first.
 	steps []stepTime
@@ -236,6 +237,7 @@ func (w *opWorld) measure(ctx context.Context, bin string, v opVariant) (opRun, 
 	delta := after.minus(before)
 	r.p99, r.p99Over = delta.quantile(0.99)
 	r.reconciles = int(delta.count)
+	r.mean = delta.mean()
 	r.cpuTop = topOf(<-cpu, 20)
 	r.allocTop = topOf(<-allocs, 12, "-sample_index=alloc_space")
 	r.heapTop = topOf(p.profile("heap", "/debug/pprof/heap"), 20, "-sample_index=inuse_space")
@@ -470,8 +472,8 @@ func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
 		sh.topologies, sh.partitions, sh.shards, sh.members, sh.secrets, sh.secretBytes, opUnrelated, ms(w.setup)),
 		fmt.Sprintf("each run: the operator process starts, every topology it watches becomes Ready with all units owned, then %s of steady state: VmRSS every second (max reported), reconcile p99 from controller_runtime_reconcile_time_seconds over the window, bytes NATS sent its connections (CONNZ out_bytes, by the role in the connection's name); runs alternate", opWindow)}
 	for _, r := range runs {
-		notes = append(notes, fmt.Sprintf("%s: ready after %s; RSS max %s, median %s; reconcile p99 %s over %d reconciles (steps by p99: %s); NATS sent %s to its census connections and %s to its stream connections over the window",
-			r.variant, ms(r.ready), mib(maxOf(r.rss)), mib(medianRSS(r.rss)), p99String(r), r.reconciles, stepsString(r.steps, 4), mib(r.traffic["system"]), mib(r.traffic["streams"])))
+		notes = append(notes, fmt.Sprintf("%s: ready after %s; RSS max %s, median %s; reconcile p99 %s (mean %s) over %d reconciles (steps by p99: %s); NATS sent %s to its census connections and %s to its stream connections over the window",
+			r.variant, ms(r.ready), mib(maxOf(r.rss)), mib(medianRSS(r.rss)), p99String(r), ms(r.mean), r.reconciles, stepsString(r.steps, 4), mib(r.traffic["system"]), mib(r.traffic["streams"])))
 	}
 	rss := result{row: sh.row, what: "operator RSS, steady state, " + sh.what,
 		measured: mib(rssOf(cur)), baseline: mib(rssOf(base)) + " (" + vs[0].name + ")",
@@ -528,6 +530,7 @@ type stepTime struct {
 	step  string
 	p99   time.Duration
 	over  bool
+	mean  time.Duration
 	count int
 }
 
@@ -541,7 +544,7 @@ func stepTimes(before, after map[string]histogram) []stepTime {
 			continue
 		}
 		p99, over := d.quantile(0.99)
-		ts = append(ts, stepTime{step: step, p99: p99, over: over, count: int(d.count)})
+		ts = append(ts, stepTime{step: step, p99: p99, over: over, mean: d.mean(), count: int(d.count)})
 	}
 	sort.Slice(ts, func(i, j int) bool { return ts[i].p99 > ts[j].p99 })
 	return ts
@@ -555,7 +558,7 @@ func stepsString(ts []stepTime, n int) string {
 		if t.over {
 			p = "> " + p
 		}
-		parts = append(parts, fmt.Sprintf("%s %s over %d", t.step, p, t.count))
+		parts = append(parts, fmt.Sprintf("%s %s (mean %s) over %d", t.step, p, ms(t.mean), t.count))
 	}
 	if len(parts) == 0 {
 		return "none scraped"

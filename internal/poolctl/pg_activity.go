@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // ReportActivity implements Registry in one statement: the member's
@@ -78,30 +79,24 @@ func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 	defer rows.Close()
 	found := false
 	out := []ActivityReport{}
+	// Declared once: Scan's destinations escape, and per row they were
+	// allocated per row.
+	var (
+		unit, member                     pgtype.Text
+		inc, epoch                       pgtype.Int8
+		reported, fetch, recent, pulling pgtype.Timestamptz
+	)
 	for rows.Next() {
 		found = true
-		var (
-			unit, member            *string
-			inc, epoch              *int64
-			reported, fetch, recent *time.Time
-			pulling                 *time.Time
-		)
 		if err := rows.Scan(&unit, &member, &inc, &epoch, &reported, &fetch, &recent, &pulling); err != nil {
 			return nil, fmt.Errorf("activity of %s: %w", topology, err)
 		}
-		if unit == nil {
+		if !unit.Valid {
 			continue // the topology, without reports
 		}
-		r := ActivityReport{Unit: *unit, Member: *member, Incarnation: *inc, Epoch: *epoch, ReportedAt: *reported}
-		if fetch != nil {
-			r.LastFetch = *fetch
-		}
-		if recent != nil {
-			r.LastRows = *recent
-		}
-		if pulling != nil {
-			r.PullingSince = *pulling
-		}
+		// A NULL time is the zero time, as ActivityReport documents.
+		r := ActivityReport{Unit: unit.String, Member: member.String, Incarnation: inc.Int64, Epoch: epoch.Int64,
+			ReportedAt: reported.Time, LastFetch: fetch.Time, LastRows: recent.Time, PullingSince: pulling.Time}
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {

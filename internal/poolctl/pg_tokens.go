@@ -72,10 +72,11 @@ func scanClaims(rows pgx.Rows, topology string) ([]ClaimInfo, error) {
 	defer rows.Close()
 	found := false
 	out := []ClaimInfo{}
+	var c claimScan // once: Scan overwrites every column of each row
+	dest := c.dest()
 	for rows.Next() {
 		found = true
-		var c claimScan
-		if err := rows.Scan(c.dest()...); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("list claims of %s: %w", topology, err)
 		}
