@@ -1,8 +1,11 @@
 package poolctl
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,56 +51,59 @@ func (p *PG) Activity(ctx context.Context, topology string) ([]ActivityReport, e
 	return scanActivity(rows, topology)
 }
 
-// activitySQL lists a topology's activity reports (one row of NULLs when
-// it has none, none when the topology is unknown): each member's newer
-// report of member_activity and, from workers of the previous release,
-// unit_activity (see migration 0015).
+// activitySQL lists a topology's activity reports, a row per member as
+// member_activity keeps them (the units in arrays: unnesting and sorting
+// them on the server cost the operator's registry read more than the
+// rows it saved), and each member's newer report of that table and, from
+// workers of the previous release, unit_activity (see migration 0015),
+// whose rows come one unit each in the same shape. One row of NULLs when
+// the topology has no report, none when it is unknown.
 const activitySQL = `
 	WITH r AS (
-	  SELECT m.topology, u.unit, m.member, m.incarnation, u.epoch, m.reported_at,
-	         CASE WHEN u.since_fetch < 0 THEN NULL ELSE m.reported_at - u.since_fetch * interval '1 microsecond' END AS last_fetch_at,
-	         CASE WHEN u.since_rows < 0 THEN NULL ELSE m.reported_at - u.since_rows * interval '1 microsecond' END AS last_rows_at,
-	         CASE WHEN u.since_pull < 0 THEN NULL ELSE m.reported_at - u.since_pull * interval '1 microsecond' END AS pulling_since
+	  SELECT m.topology, m.member, m.incarnation, m.reported_at, m.units, m.epochs, m.since_fetch, m.since_rows, m.since_pull
 	    FROM shardkeeper.member_activity m
-	    CROSS JOIN LATERAL unnest(m.units, m.epochs, m.since_fetch, m.since_rows, m.since_pull) AS u(unit, epoch, since_fetch, since_rows, since_pull)
 	   WHERE m.topology = $1
 	     AND NOT EXISTS (SELECT 1 FROM shardkeeper.unit_activity o
 	                      WHERE o.topology = m.topology AND o.member = m.member AND o.reported_at > m.reported_at)
 	  UNION ALL
-	  SELECT o.topology, o.unit, o.member, o.incarnation, o.epoch, o.reported_at, o.last_fetch_at, o.last_rows_at, o.pulling_since
+	  SELECT o.topology, o.member, o.incarnation, o.reported_at, ARRAY[o.unit], ARRAY[o.epoch],
+	         ARRAY[coalesce((extract(epoch FROM o.reported_at - o.last_fetch_at) * 1000000)::bigint, -1)],
+	         ARRAY[coalesce((extract(epoch FROM o.reported_at - o.last_rows_at) * 1000000)::bigint, -1)],
+	         ARRAY[coalesce((extract(epoch FROM o.reported_at - o.pulling_since) * 1000000)::bigint, -1)]
 	    FROM shardkeeper.unit_activity o
 	   WHERE o.topology = $1
 	     AND NOT EXISTS (SELECT 1 FROM shardkeeper.member_activity m
 	                      WHERE m.topology = o.topology AND m.member = o.member AND m.reported_at >= o.reported_at))
-	SELECT a.unit, a.member, a.incarnation, a.epoch, a.reported_at, a.last_fetch_at, a.last_rows_at, a.pulling_since
+	SELECT a.member, a.incarnation, a.reported_at, a.units, a.epochs, a.since_fetch, a.since_rows, a.since_pull
 	  FROM shardkeeper.topologies t LEFT JOIN r a ON a.topology = t.topology
-	 WHERE t.topology = $1
-	 ORDER BY a.unit COLLATE "C", a.member COLLATE "C"`
+	 WHERE t.topology = $1`
 
-// scanActivity reads activitySQL's rows.
+// scanActivity reads activitySQL's rows: one report per unit and member,
+// sorted by unit, then member.
 func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 	defer rows.Close()
 	found := false
 	out := []ActivityReport{}
-	// Declared once: Scan's destinations escape, and per row they were
-	// allocated per row.
 	var (
-		unit, member                     pgtype.Text
-		inc, epoch                       pgtype.Int8
-		reported, fetch, recent, pulling pgtype.Timestamptz
+		member                   pgtype.Text
+		inc                      pgtype.Int8
+		reported                 pgtype.Timestamptz
+		units                    []string
+		epochs, fetch, got, pull []int64
 	)
 	for rows.Next() {
 		found = true
-		if err := rows.Scan(&unit, &member, &inc, &epoch, &reported, &fetch, &recent, &pulling); err != nil {
+		if err := rows.Scan(&member, &inc, &reported, &units, &epochs, &fetch, &got, &pull); err != nil {
 			return nil, fmt.Errorf("activity of %s: %w", topology, err)
 		}
-		if !unit.Valid {
+		if !member.Valid {
 			continue // the topology, without reports
 		}
-		// A NULL time is the zero time, as ActivityReport documents.
-		r := ActivityReport{Unit: unit.String, Member: member.String, Incarnation: inc.Int64, Epoch: epoch.Int64,
-			ReportedAt: reported.Time, LastFetch: fetch.Time, LastRows: recent.Time, PullingSince: pulling.Time}
-		out = append(out, r)
+		at := reported.Time
+		for i, u := range units {
+			out = append(out, ActivityReport{Unit: u, Member: member.String, Incarnation: inc.Int64, Epoch: epochs[i],
+				ReportedAt: at, LastFetch: before(at, fetch[i]), LastRows: before(at, got[i]), PullingSince: before(at, pull[i])})
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("activity of %s: %w", topology, err)
@@ -105,7 +111,20 @@ func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 	if !found {
 		return nil, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
 	}
+	// Byte order, as the SQL's COLLATE "C" sorted them before.
+	slices.SortFunc(out, func(a, b ActivityReport) int {
+		return cmp.Or(strings.Compare(a.Unit, b.Unit), strings.Compare(a.Member, b.Member))
+	})
 	return out, nil
+}
+
+// before is the time micros microseconds before at; never (negative) is
+// the zero time, as ActivityReport documents.
+func before(at time.Time, micros int64) time.Time {
+	if micros < 0 {
+		return time.Time{}
+	}
+	return at.Add(-time.Duration(micros) * time.Microsecond)
 }
 
 // reportActivitySQL is ReportActivity's statement: one row per member,
