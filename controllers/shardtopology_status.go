@@ -61,11 +61,18 @@ type registryView struct {
 	// pending is what the recent censuses counted pending per unit,
 	// oldest first.
 	pending []pendingRows
+	// judged is flow's verdict once made: status asks more than once,
+	// and at 4096 units each judgement was a share of a reconcile.
+	judged *unitFlow
 }
 
-// flow judges the units' flow from the view.
+// flow judges the units' flow from the view, once.
 func (v *registryView) flow() unitFlow {
-	return assessFlow(&v.snap, v.claims, v.activity, v.pending)
+	if v.judged == nil {
+		f := assessFlow(&v.snap, v.claims, v.activity, v.pending)
+		v.judged = &f
+	}
+	return *v.judged
 }
 
 // firstSightStatus is the status of an object no reconcile has touched:
