@@ -51,13 +51,13 @@ func (p *PG) Activity(ctx context.Context, topology string) ([]ActivityReport, e
 	return scanActivity(rows, topology)
 }
 
-// activitySQL lists a topology's activity reports, a row per member as
-// member_activity keeps them (the units in arrays: unnesting and sorting
-// them on the server cost the operator's registry read more than the
-// rows it saved), and each member's newer report of that table and, from
-// workers of the previous release, unit_activity (see migration 0015),
-// whose rows come one unit each in the same shape. One row of NULLs when
-// the topology has no report, none when it is unknown.
+// activitySQL lists a topology's activity reports a row per member, the
+// units in arrays as member_activity keeps them (unnested and sorted on
+// the server, they cost the operator's read more than they saved), taking
+// each member's newer report: member_activity's or, from a worker of the
+// previous release, unit_activity's, one unit a row in the same shape
+// (migration 0015). One row of NULLs when the topology has no report, none
+// when it is unknown.
 const activitySQL = `
 	WITH r AS (
 	  SELECT m.topology, m.member, m.incarnation, m.reported_at, m.units, m.epochs, m.since_fetch, m.since_rows, m.since_pull
