@@ -21,6 +21,7 @@ import (
 	"github.com/shardkeeper/shardkeeper/controllers"
 	"github.com/shardkeeper/shardkeeper/internal/plugin/plugintest"
 	"github.com/shardkeeper/shardkeeper/internal/plugin/status"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/internal/testbed/kubetest"
 )
 
@@ -144,6 +145,9 @@ func TestManualApprovalWaitsRefusesAStaleHashAndProceedsOnTheCurrentOne(t *testi
 	// The annotation still names the plan rolled out: that approves
 	// nothing new and is not stale.
 	wantConditionOf(t, st, topologyv1.ConditionReady, metav1.ConditionTrue, topologyv1.ReasonReady)
+	// The registry's replication settings come with every Observe: the
+	// test's PostgreSQL has no standby.
+	wantConditionOf(t, st, topologyv1.ConditionRegistryDurable, metav1.ConditionFalse, poolctl.DurableNoStandby)
 }
 
 // The approve annotation stays on the object after the change it

@@ -95,28 +95,6 @@ func (c *Connections) setBehindSince(key types.NamespacedName, t time.Time) {
 	e.behindSince = t
 }
 
-// durabilityReader is a registry that can say what its replication
-// settings promise (the PostgreSQL one).
-type durabilityReader interface {
-	ReadDurability(ctx context.Context) (poolctl.Durability, error)
-}
-
-// readDurability reads the registry's replication settings for the
-// RegistryDurable condition. A failed read leaves the condition as it was:
-// it describes configuration, which a transient error does not change.
-func readDurability(ctx context.Context, s *scope) {
-	dr, ok := durabilityReaderOf(s.reg)
-	if !ok {
-		return
-	}
-	d, err := dr.ReadDurability(ctx)
-	if err != nil {
-		log.FromContext(ctx).V(1).Info("Reading the registry's replication settings failed", "error", err.Error())
-		return
-	}
-	s.durability = &d
-}
-
 // seqRegistryOf is reg as a seqRegistry, looking through the deadline
 // wrapper every reconcile's registry has (boundRegistry): asserting on the
 // wrapper itself found nothing, so the operator never checked the sequence
@@ -134,22 +112,8 @@ func seqRegistryOf(reg poolctl.Registry) (seqRegistry, bool) {
 	return boundedSeq{b}, true
 }
 
-// durabilityReaderOf is reg as a durabilityReader, through the deadline
-// wrapper as seqRegistryOf.
-func durabilityReaderOf(reg poolctl.Registry) (durabilityReader, bool) {
-	b, ok := reg.(*boundedRegistry)
-	if !ok {
-		dr, ok := reg.(durabilityReader)
-		return dr, ok
-	}
-	if _, ok := b.inner.(durabilityReader); !ok {
-		return nil, false
-	}
-	return boundedSeq{b}, true
-}
-
-// boundedSeq runs the sequence and durability calls of a bounded
-// registry's inner registry under its deadline.
+// boundedSeq runs the sequence calls of a bounded registry's inner
+// registry under its deadline.
 type boundedSeq struct{ b *boundedRegistry }
 
 func (s boundedSeq) CheckSeq(ctx context.Context, topology string) (int64, error) {
@@ -161,11 +125,5 @@ func (s boundedSeq) CheckSeq(ctx context.Context, topology string) (int64, error
 func (s boundedSeq) Recover(ctx context.Context, topology string, seen poolctl.RecoverFloor, margin int64) (poolctl.Recovered, error) {
 	return bounded(ctx, s.b, "Recover", func(ctx context.Context) (poolctl.Recovered, error) {
 		return s.b.inner.(seqRegistry).Recover(ctx, topology, seen, margin)
-	})
-}
-
-func (s boundedSeq) ReadDurability(ctx context.Context) (poolctl.Durability, error) {
-	return bounded(ctx, s.b, "ReadDurability", func(ctx context.Context) (poolctl.Durability, error) {
-		return s.b.inner.(durabilityReader).ReadDurability(ctx)
 	})
 }

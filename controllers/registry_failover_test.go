@@ -47,7 +47,7 @@ func TestComputeStatusSaysWhetherTheRegistryIsDurable(t *testing.T) {
 	})
 }
 
-// seqOnly is a registry with the sequence and durability calls alone.
+// seqOnly is a registry with the sequence calls alone.
 type seqOnly struct {
 	poolctl.Registry
 	checked int
@@ -58,13 +58,10 @@ func (r *seqOnly) Recover(ctx context.Context, _ string, _ poolctl.RecoverFloor,
 	<-ctx.Done()
 	return poolctl.Recovered{}, ctx.Err()
 }
-func (r *seqOnly) ReadDurability(context.Context) (poolctl.Durability, error) {
-	return poolctl.Durability{Durable: true}, nil
-}
 
 // TestTheSequenceChecksSeeThroughTheDeadlineWrapper: every reconcile's
 // registry is bounded (boundRegistry); the failover checks must still find
-// the PostgreSQL registry's CheckSeq, Recover and ReadDurability beneath
+// the PostgreSQL registry's CheckSeq and Recover beneath
 // it (they did not: the operator never recovered a registry that went
 // back in time), under the wrapper's deadline, and find nothing under a
 // registry without them.
@@ -82,18 +79,8 @@ func TestTheSequenceChecksSeeThroughTheDeadlineWrapper(t *testing.T) {
 	if _, err := sr.Recover(context.Background(), "t", poolctl.RecoverFloor{}, 0); !errors.As(err, &te) {
 		t.Fatalf("Recover of a registry that does not answer: %v, want the wrapper's timeout", err)
 	}
-	dr, ok := durabilityReaderOf(reg)
-	if !ok {
-		t.Fatal("no durability read found beneath the deadline wrapper")
-	}
-	if d, err := dr.ReadDurability(context.Background()); err != nil || !d.Durable {
-		t.Fatalf("ReadDurability through the wrapper: %+v, %v", d, err)
-	}
 	if _, ok := seqRegistryOf(boundRegistry(&hangingRegistry{}, time.Second)); ok {
 		t.Fatal("a registry without a sequence was taken for one")
-	}
-	if _, ok := durabilityReaderOf(boundRegistry(&hangingRegistry{}, time.Second)); ok {
-		t.Fatal("a registry without replication settings was taken for one")
 	}
 }
 

@@ -94,23 +94,9 @@ type barrierReport struct {
 	unread []string
 }
 
-// readBarrier reads the latest order barrier into the scope.
-func (s *scope) readBarrier(ctx context.Context) error {
-	ob, ok := s.reg.(poolctl.OrderBarriers)
-	if !ok {
-		return nil
-	}
-	b, err := ob.OrderBarrier(ctx, s.registryKey())
-	if err != nil {
-		return err
-	}
-	s.barrier = b
-	return nil
-}
-
-// activeBarrier is the barrier of the active epoch, nil when the latest
-// barrier belongs to another epoch (a pending epoch that was abandoned, or
-// none): only the active epoch's barrier holds anything.
+// activeBarrier is the barrier of the active epoch, nil when the barrier
+// read belongs to the pending epoch, or there is none: only the active
+// epoch's barrier holds anything.
 func (s *scope) activeBarrier() *poolctl.OrderBarrier {
 	if s.barrier == nil || s.snap == nil || s.snap.Active == nil || s.barrier.Epoch != s.snap.Active.Number {
 		return nil
@@ -194,7 +180,11 @@ func (s *scope) createPending(ctx context.Context, w *changeWorld) (int64, error
 	if err != nil {
 		return 0, err
 	}
-	return epoch, s.readBarrier(ctx)
+	// It deleted every earlier epoch's barrier; the new one is the
+	// pending epoch's and holds nothing until the activation. The
+	// snapshot's barrier is no longer in the registry.
+	s.barrier = nil
+	return epoch, nil
 }
 
 // orderBarrier is the reconcile step that moves the active epoch's barrier

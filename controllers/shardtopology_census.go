@@ -94,6 +94,7 @@ func takeCensus(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl
 	}
 	r.conns().setCensusDue(s.key, false)
 	s.pending = r.conns().addPendingRows(s.key, s.pendingRows(rep.census), stallBound(s.snap.Params))
+	s.flow = nil
 	recordResetVerdict(s.key, rep.blockedBy)
 	s.census = rep
 	if rep.census != nil && !rep.census.FloorMet() && !belowFloorBefore(s) {

@@ -80,6 +80,11 @@ type scope struct {
 	pending []pendingRows
 	// changed: a step wrote the registry, so it is read again for status.
 	changed bool
+	// flow is the units' flow as Report judged it from the registry as
+	// last read and the censuses' counts (nil until judged; a new read
+	// clears it). Status reuses it: at 4096 units a judgement is a
+	// share of a reconcile.
+	flow *unitFlow
 	// nextEpoch is the registry's number for the next epoch, read when a
 	// change is wanted (its plan's hash names it).
 	nextEpoch int64
@@ -100,8 +105,9 @@ type scope struct {
 	retiringLeft []ownership.Unit
 	// stranded is the count of stranded rows taken this reconcile.
 	stranded *topologyv1.StrandedRowsStatus
-	// barrier is the registry's latest order barrier (nil: none), and
-	// barrierRep what this reconcile read of its old units in NATS.
+	// barrier is the order barrier of the active or pending epoch, read
+	// with the snapshot (nil: none, or gone since), and barrierRep what
+	// this reconcile read of its old units in NATS.
 	barrier    *poolctl.OrderBarrier
 	barrierRep *barrierReport
 }
@@ -149,7 +155,7 @@ func (s *scope) observation(err error) observation {
 	o.durability = s.durability
 	o.barrier = orderBarrierStatus(s.activeBarrier(), s.barrierRep)
 	if s.snap != nil {
-		o.registry = &registryView{snap: *s.snap, claims: s.claims, activity: s.activity, pending: s.pending}
+		o.registry = &registryView{snap: *s.snap, claims: s.claims, activity: s.activity, pending: s.pending, judged: s.flow}
 	}
 	return o
 }
@@ -440,7 +446,6 @@ func observeRegistry(ctx context.Context, r *ShardTopologyReconciler, s *scope) 
 	if err := recoverBehindRegistry(ctx, r, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	readDurability(ctx, s)
 	return ctrl.Result{}, retryAfter(s.readRegistry(ctx), registryRetry)
 }
 
@@ -459,10 +464,14 @@ func (s *scope) readRegistry(ctx context.Context) error {
 		s.claims[c.Unit] = c
 	}
 	s.activity = obs.Activity
-	s.changed = false
-	if err := s.readBarrier(ctx); err != nil {
-		return fmt.Errorf("read registry: %w", err)
+	s.barrier = obs.Snapshot.Barrier
+	if obs.Durability != nil {
+		// The RegistryDurable condition; a registry without replication
+		// settings (the twin) leaves it as it was.
+		s.durability = obs.Durability
 	}
+	s.changed = false
+	s.flow = nil
 	return nil
 }
 
@@ -489,7 +498,9 @@ func report(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Res
 		// rather than up to reprovisionEvery later.
 		r.conns().forgetProvisioned(s.key)
 	}
-	if f := assessFlow(s.snap, s.claims, s.activity, s.pending); len(f.stalled) > 0 || f.multiplyOwned > 0 || s.natsDown != "" {
+	f := assessFlow(s.snap, s.claims, s.activity, s.pending)
+	s.flow = &f
+	if len(f.stalled) > 0 || f.multiplyOwned > 0 || s.natsDown != "" {
 		return ctrl.Result{RequeueAfter: 2 * pollFast}, nil
 	}
 	return ctrl.Result{RequeueAfter: pollIdle}, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Durability is what the registry's PostgreSQL promises about a commit
@@ -37,10 +39,21 @@ const (
 // service the settings can be read but not changed by this role: the
 // condition says what to ask the platform team for.
 func (p *PG) ReadDurability(ctx context.Context) (Durability, error) {
-	var d Durability
-	err := p.pool.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'),
-		(SELECT count(*) FROM pg_stat_replication)::int`).Scan(&d.SynchronousStandbyNames, &d.SynchronousCommit, &d.Standbys)
+	d, err := scanDurability(p.pool.QueryRow(ctx, durabilitySQL))
 	if err != nil {
+		return Durability{}, err
+	}
+	return d, nil
+}
+
+// durabilitySQL reads the settings ReadDurability judges.
+const durabilitySQL = `SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'),
+	(SELECT count(*) FROM pg_stat_replication)::int`
+
+// scanDurability scans durabilitySQL's row and judges it.
+func scanDurability(row pgx.Row) (Durability, error) {
+	var d Durability
+	if err := row.Scan(&d.SynchronousStandbyNames, &d.SynchronousCommit, &d.Standbys); err != nil {
 		return Durability{}, fmt.Errorf("read the registry's replication settings: %w", err)
 	}
 	return judgeDurability(d), nil

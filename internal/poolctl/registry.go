@@ -182,6 +182,9 @@ type Observation struct {
 	// and Activity return them.
 	Claims   []ClaimInfo
 	Activity []ActivityReport
+	// Durability is the registry's replication settings, judged; nil from
+	// a registry that has none (the twin).
+	Durability *Durability
 }
 
 // Params are a topology's lease parameters.
