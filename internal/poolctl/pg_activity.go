@@ -83,27 +83,21 @@ const activitySQL = `
 func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 	defer rows.Close()
 	found := false
-	out := []ActivityReport{}
 	var (
-		member                   pgtype.Text
-		inc                      pgtype.Int8
-		reported                 pgtype.Timestamptz
-		units                    []string
-		epochs, fetch, got, pull []int64
+		reports []memberReport
+		total   int
 	)
 	for rows.Next() {
 		found = true
-		if err := rows.Scan(&member, &inc, &reported, &units, &epochs, &fetch, &got, &pull); err != nil {
+		var r memberReport
+		if err := rows.Scan(&r.member, &r.inc, &r.reported, &r.units, &r.epochs, &r.fetch, &r.got, &r.pull); err != nil {
 			return nil, fmt.Errorf("activity of %s: %w", topology, err)
 		}
-		if !member.Valid {
+		if !r.member.Valid {
 			continue // the topology, without reports
 		}
-		at := reported.Time
-		for i, u := range units {
-			out = append(out, ActivityReport{Unit: u, Member: member.String, Incarnation: inc.Int64, Epoch: epochs[i],
-				ReportedAt: at, LastFetch: before(at, fetch[i]), LastRows: before(at, got[i]), PullingSince: before(at, pull[i])})
-		}
+		reports = append(reports, r)
+		total += len(r.units)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("activity of %s: %w", topology, err)
@@ -111,11 +105,47 @@ func scanActivity(rows pgx.Rows, topology string) ([]ActivityReport, error) {
 	if !found {
 		return nil, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
 	}
-	// Byte order, as the SQL's COLLATE "C" sorted them before.
-	slices.SortFunc(out, func(a, b ActivityReport) int {
-		return cmp.Or(strings.Compare(a.Unit, b.Unit), strings.Compare(a.Member, b.Member))
+	return expandActivity(reports, total), nil
+}
+
+// memberReport is one row of activitySQL: a member's report, its units
+// in arrays.
+type memberReport struct {
+	member                   pgtype.Text
+	inc                      pgtype.Int8
+	reported                 pgtype.Timestamptz
+	units                    []string
+	epochs, fetch, got, pull []int64
+}
+
+// expandActivity is one ActivityReport per unit of each member's report,
+// sorted by unit, then member, in byte order (as the SQL's COLLATE "C"
+// sorted them before). It sorts small keys and builds the reports once,
+// in order: sorting 4096 reports of four times each moved and appending
+// them one by one was most of what Observe cost its caller.
+func expandActivity(reports []memberReport, total int) []ActivityReport {
+	type key struct {
+		unit   string
+		report int32
+		index  int32
+	}
+	keys := make([]key, 0, total)
+	for r, rep := range reports {
+		for i, u := range rep.units {
+			keys = append(keys, key{unit: u, report: int32(r), index: int32(i)})
+		}
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		return cmp.Or(strings.Compare(a.unit, b.unit), strings.Compare(reports[a.report].member.String, reports[b.report].member.String))
 	})
-	return out, nil
+	out := make([]ActivityReport, len(keys))
+	for n, k := range keys {
+		rep, i := &reports[k.report], k.index
+		at := rep.reported.Time
+		out[n] = ActivityReport{Unit: k.unit, Member: rep.member.String, Incarnation: rep.inc.Int64, Epoch: rep.epochs[i],
+			ReportedAt: at, LastFetch: before(at, rep.fetch[i]), LastRows: before(at, rep.got[i]), PullingSince: before(at, rep.pull[i])}
+	}
+	return out
 }
 
 // before is the time micros microseconds before at; never (negative) is

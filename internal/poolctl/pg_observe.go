@@ -29,7 +29,8 @@ func (p *PG) Observe(ctx context.Context, topology string) (Observation, error) 
 		if err != nil {
 			return err
 		}
-		if o.Claims, err = scanClaims(rows, topology); err != nil {
+		c := o.Snapshot.Counts
+		if o.Claims, err = scanClaims(rows, topology, c.Held+c.Handover+c.Free); err != nil {
 			return err
 		}
 		if rows, err = br.Query(); err != nil {

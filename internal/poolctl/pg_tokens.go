@@ -3,7 +3,8 @@ package poolctl
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,7 +59,7 @@ func (p *PG) Claims(ctx context.Context, topology string) ([]ClaimInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list claims of %s: %w", topology, err)
 	}
-	return scanClaims(rows, topology)
+	return scanClaims(rows, topology, 0)
 }
 
 // claimsSQL lists a topology's claim rows (one row of NULLs when it has
@@ -67,11 +68,12 @@ var claimsSQL = `
 	SELECT ` + claimCols("c") + ` FROM shardkeeper.topologies t
 	  LEFT JOIN shardkeeper.claims c ON c.topology = t.topology WHERE t.topology = $1`
 
-// scanClaims reads claimsSQL's rows.
-func scanClaims(rows pgx.Rows, topology string) ([]ClaimInfo, error) {
+// scanClaims reads claimsSQL's rows, sorted by unit; expect is how many
+// the caller expects (a snapshot's counts), to allocate once.
+func scanClaims(rows pgx.Rows, topology string, expect int) ([]ClaimInfo, error) {
 	defer rows.Close()
 	found := false
-	out := []ClaimInfo{}
+	out := make([]ClaimInfo, 0, expect)
 	var c claimScan // once: Scan overwrites every column of each row
 	dest := c.dest()
 	for rows.Next() {
@@ -91,6 +93,9 @@ func scanClaims(rows pgx.Rows, topology string) ([]ClaimInfo, error) {
 	if !found {
 		return nil, fmt.Errorf("topology %q: %w", topology, ErrUnknownTopology)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Unit < out[j].Unit })
+	byUnit := func(a, b ClaimInfo) int { return strings.Compare(a.Unit, b.Unit) }
+	if !slices.IsSortedFunc(out, byUnit) { // an index scan in byte order sent them sorted
+		slices.SortFunc(out, byUnit)
+	}
 	return out, nil
 }
