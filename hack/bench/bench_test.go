@@ -59,6 +59,24 @@ func TestHistogramDeltaCountsOnlyTheWindow(t *testing.T) {
 	}
 }
 
+// Two runs' windows pooled: one slow reconcile among 120 is past p99's
+// rank, where in its own run of 60 it set the p99.
+func TestPooledRunsPlaceOneSlowReconcileBeyondTheP99(t *testing.T) {
+	bounds := []float64{0.1, 0.2, 0.25, math.Inf(1)}
+	quiet := histogram{bounds: bounds, counts: map[float64]float64{0.1: 55, 0.2: 60, 0.25: 60, math.Inf(1): 60}, count: 60}
+	stalled := histogram{bounds: bounds, counts: map[float64]float64{0.1: 55, 0.2: 59, 0.25: 60, math.Inf(1): 60}, count: 60}
+	if own, _ := stalled.quantile(0.99); own <= 200*time.Millisecond {
+		t.Fatalf("the stalled run's own p99 %v, want past 200ms", own)
+	}
+	pooled := histogram{}.plus(quiet).plus(stalled)
+	if pooled.count != 120 || pooled.counts[0.2] != 119 {
+		t.Fatalf("pooled %+v", pooled)
+	}
+	if got, over := pooled.quantile(0.99); over || got > 200*time.Millisecond {
+		t.Fatalf("pooled p99 %v (over %v), want within 200ms", got, over)
+	}
+}
+
 func TestTheRatioIntervalNarrowsWithAgreeingRoundsAndIsGeometric(t *testing.T) {
 	if _, _, _, ok := ratioInterval([]float64{1}); ok {
 		t.Fatal("an interval from one round")

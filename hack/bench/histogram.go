@@ -129,6 +129,19 @@ func (h histogram) minus(earlier histogram) histogram {
 	return d
 }
 
+// plus is the observations of h and other together (the same buckets;
+// the zero histogram adds nothing).
+func (h histogram) plus(other histogram) histogram {
+	if h.counts == nil {
+		return other
+	}
+	sum := histogram{bounds: h.bounds, counts: map[float64]float64{}, count: h.count + other.count, sum: h.sum + other.sum}
+	for _, b := range h.bounds {
+		sum.counts[b] = h.counts[b] + other.counts[b]
+	}
+	return sum
+}
+
 // quantile interpolates linearly within the bucket holding q, as
 // Prometheus's histogram_quantile does. over reports a quantile in the
 // +Inf bucket, where the last finite bound is returned.

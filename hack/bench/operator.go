@@ -33,9 +33,9 @@ import (
 // process built from this tree, against an envtest API server; once every
 // topology it watches is Ready with all units owned, its RSS
 // (/proc/<pid>/status VmRSS, every second), its reconcile latency
-// (controller_runtime_reconcile_time_seconds over the window) and the
-// bytes NATS sent its connections (CONNZ, before and after the window)
-// are read. Each row's baseline variant is run alternately against the
+// (controller_runtime_reconcile_time_seconds over the window; the row's
+// p99 is of a variant's runs' reconciles together) and the bytes NATS
+// sent its connections (CONNZ, before and after the window) are read. Each row's baseline variant is run alternately against the
 // same objects: for e, the Secret cache the operator had before; for e2,
 // the operator watching 10 of the 100 topologies.
 
@@ -64,6 +64,8 @@ type opRun struct {
 	p99Over    bool // p99 beyond the histogram's last finite bucket
 	mean       time.Duration
 	reconciles int
+	// latency is the window's reconcile times, as the histogram counted.
+	latency histogram
 	// steps are the reconcile's steps over the window, slowest p99 first.
 	steps []stepTime
 	// traffic is what NATS sent the operator's connections over the
@@ -235,6 +237,7 @@ func (w *opWorld) measure(ctx context.Context, bin string, v opVariant) (opRun, 
 		r.traffic[role] = n - sentBefore[role]
 	}
 	delta := after.minus(before)
+	r.latency = delta
 	r.p99, r.p99Over = delta.quantile(0.99)
 	r.reconciles = int(delta.count)
 	r.mean = delta.mean()
@@ -447,12 +450,16 @@ func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
 		}
 		return int64(medianFloat(m))
 	}
-	p99Of := func(rs []opRun) time.Duration {
-		var ds []time.Duration
+	// p99Of is the p99 of every reconcile of the runs, pooled: one run's
+	// 60 reconciles make its "p99" the slowest or next to it, so the
+	// worse of two such maxima said more about one stall than about the
+	// 99th percentile. Each run's own p99 is in the notes.
+	p99Of := func(rs []opRun) (time.Duration, bool) {
+		var h histogram
 		for _, r := range rs {
-			ds = append(ds, r.p99)
+			h = h.plus(r.latency)
 		}
-		return median(ds)
+		return h.quantile(0.99)
 	}
 	// trafficPer30s is the median bytes NATS sent the operator's
 	// connections (the census's system pings and its streams' listings,
@@ -470,7 +477,7 @@ func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
 	}
 	notes := []string{fmt.Sprintf("%d ShardTopologies of %d x %d units (R1 consumers on one nats-server, provisioned by the operator), every unit claimed in PostgreSQL by %d registry-level members per topology that renew and report activity (no pulling); %d unrelated Secrets of %d bytes in namespace %q; setup took %s",
 		sh.topologies, sh.partitions, sh.shards, sh.members, sh.secrets, sh.secretBytes, opUnrelated, ms(w.setup)),
-		fmt.Sprintf("each run: the operator process starts, every topology it watches becomes Ready with all units owned, then %s of steady state: VmRSS every second (max reported), reconcile p99 from controller_runtime_reconcile_time_seconds over the window, bytes NATS sent its connections (CONNZ out_bytes, by the role in the connection's name); runs alternate", opWindow)}
+		fmt.Sprintf("each run: the operator process starts, every topology it watches becomes Ready with all units owned, then %s of steady state: VmRSS every second (max reported), reconcile p99 from controller_runtime_reconcile_time_seconds over the window (the row's p99 pools a variant's runs), bytes NATS sent its connections (CONNZ out_bytes, by the role in the connection's name); runs alternate", opWindow)}
 	for _, r := range runs {
 		notes = append(notes, fmt.Sprintf("%s: ready after %s; RSS max %s, median %s; reconcile p99 %s (mean %s) over %d reconciles (steps by p99: %s); NATS sent %s to its census connections and %s to its stream connections over the window",
 			r.variant, ms(r.ready), mib(maxOf(r.rss)), mib(medianRSS(r.rss)), p99String(r), ms(r.mean), r.reconciles, stepsString(r.steps, 4), mib(r.traffic["system"]), mib(r.traffic["streams"])))
@@ -486,10 +493,12 @@ func operatorResults(w *opWorld, runs []opRun, probe censusProbe) []result {
 		rss.why = []string{censusWhy, "the heap in use at the end of the window is far below the RSS; what the window allocated shows why (go tool pprof -top -sample_index=alloc_space over half the window), then the heap in use:"}
 		rss.profile = append(append(last.allocTop, "--- in use (-sample_index=inuse_space):"), last.heapTop...)
 	}
-	lat := result{row: sh.row, what: "operator reconcile p99, same runs",
-		measured: ms(p99Of(cur)), baseline: ms(p99Of(base)) + " (" + vs[0].name + ")",
-		ratio: fmt.Sprintf("%.2fx", float64(p99Of(cur))/float64(p99Of(base))), goal: "< 200ms",
-		verdict: judge(p99Of(cur) < p99Goal && !anyOver(cur))}
+	curP99, curOver := p99Of(cur)
+	baseP99, baseOver := p99Of(base)
+	lat := result{row: sh.row, what: "operator reconcile p99, same runs (their reconciles pooled)",
+		measured: overString(curP99, curOver), baseline: overString(baseP99, baseOver) + " (" + vs[0].name + ")",
+		ratio: fmt.Sprintf("%.2fx", float64(curP99)/float64(baseP99)), goal: "< 200ms",
+		verdict: judge(curP99 < p99Goal && !curOver)}
 	if lat.verdict == missed && len(cur) > 0 {
 		lat.why = []string{censusWhy, "the operator's CPU over half the window (go tool pprof -top):"}
 		lat.profile = cur[len(cur)-1].cpuTop
@@ -509,20 +518,15 @@ func medianRSS(xs []int64) int64 {
 	return int64(medianFloat(f))
 }
 
-func anyOver(rs []opRun) bool {
-	for _, r := range rs {
-		if r.p99Over {
-			return true
-		}
-	}
-	return false
-}
+func p99String(r opRun) string { return overString(r.p99, r.p99Over) }
 
-func p99String(r opRun) string {
-	if r.p99Over {
-		return "> " + ms(r.p99)
+// overString is a quantile, "> d" when it lies beyond the last finite
+// bucket d.
+func overString(d time.Duration, over bool) string {
+	if over {
+		return "> " + ms(d)
 	}
-	return ms(r.p99)
+	return ms(d)
 }
 
 // stepTime is one reconcile step's time over a window.
