@@ -39,11 +39,7 @@ const (
 // service the settings can be read but not changed by this role: the
 // condition says what to ask the platform team for.
 func (p *PG) ReadDurability(ctx context.Context) (Durability, error) {
-	d, err := scanDurability(p.pool.QueryRow(ctx, durabilitySQL))
-	if err != nil {
-		return Durability{}, err
-	}
-	return d, nil
+	return scanDurability(p.pool.QueryRow(ctx, durabilitySQL))
 }
 
 // durabilitySQL reads the settings ReadDurability judges.

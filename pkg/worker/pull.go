@@ -62,6 +62,11 @@ type puller struct {
 	// touches them.
 	failures int
 	loggedAt time.Duration
+	// unreported counts rows handled since the core was last told
+	// (PullerFetched) at reportedAt; only the puller's goroutine touches
+	// them.
+	unreported int
+	reportedAt time.Time
 
 	// held are rows of moved keys waiting for the order barrier (issue
 	// 24), in arrival order, and heldKeys counts them by key: a later row
@@ -222,30 +227,42 @@ func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 	if err != nil {
 		return err
 	}
-	rows, reported, reportedAt := 0, 0, time.Now()
+	rows := 0
 	for msg := range batch.Messages() {
 		rows++
 		p.handle(msg, start)
 		// A slow handler works through a batch for longer than the
 		// operator's stall bound; rows handled are progress, so they are
 		// reported as they go, not only once the batch is done.
-		if now := time.Now(); now.Sub(reportedAt) >= pullProgressEvery {
-			p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: rows - reported})
-			reported, reportedAt = rows, now
-		}
+		p.progress(1, false)
 	}
 	if rows == 0 && batch.Error() == nil {
 		p.pending.Store(0)
 	}
 	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
-	p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: rows - reported})
+	// A pull that brought nothing took FetchWait and is reported at once
+	// (with any rows not yet reported); rows are reported at most every
+	// pullProgressEvery, not after every batch: at 64 rows a batch a
+	// busy unit completed a thousand pulls a second, each an event the
+	// core handled and a wakeup of its goroutine.
+	p.progress(0, rows == 0)
 	return batch.Error()
 }
 
-// pullProgressEvery is how often a puller handling a batch reports the
-// rows handled so far (PullerFetched): well inside the operator's stall
-// bound (three renew intervals), so a unit whose handler is slow but
-// moving is not reported stalled; a handler stuck on one row still is.
+// progress counts rows handled and tells the core (PullerFetched) when
+// pullProgressEvery has passed since it last did, or now.
+func (p *puller) progress(rows int, now bool) {
+	p.unreported += rows
+	if t := time.Now(); now || t.Sub(p.reportedAt) >= pullProgressEvery {
+		p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: p.unreported})
+		p.unreported, p.reportedAt = 0, t
+	}
+}
+
+// pullProgressEvery is how often at most a puller reports the rows
+// handled so far (PullerFetched): well inside the operator's stall bound
+// (three renew intervals), so a unit whose handler is slow but moving is
+// not reported stalled; a handler stuck on one row still is.
 const pullProgressEvery = 100 * time.Millisecond
 
 // fetching reports whether the puller should issue another pull.
