@@ -137,9 +137,10 @@ type PullerPrepared struct {
 }
 
 // PullerFetched reports a pull's progress and how many rows it brought
-// since the last report: the pull completed, or, while a batch is handled
-// (a slow handler), rows of it were handled. Either is progress; a unit
-// with none for the operator's stall bound counts as stalled.
+// since the last report: a pull that brought nothing completed, or rows
+// were handled (reported at most every 100 ms, within a batch too, for
+// a slow handler). Either is progress; a unit with none for the
+// operator's stall bound counts as stalled.
 type PullerFetched struct {
 	Now    time.Duration
 	Unit   ownership.Unit
