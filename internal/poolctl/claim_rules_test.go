@@ -303,3 +303,43 @@ func TestAdoptionWaitsForTheOwnersLastPossibleLease(t *testing.T) {
 		})
 	}
 }
+
+// TestAUnitNobodyTookSinceARecoverWaitsForTheLostPrimarysLeases: a
+// promoted standby may show a unit free (or never claimed) that the lost
+// primary gave to a member whose lease only that primary renewed; until
+// Recover's instant + TTL (RecoveredUntil) plus the grace nobody gets it.
+// A unit decided since the Recover is judged as before. checks P5
+func TestAUnitNobodyTookSinceARecoverWaitsForTheLostPrimarysLeases(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	grace := time.Second
+	claimer := &memberRow{Name: "b", Incarnation: 1029, LeaseExpiresAt: now.Add(time.Minute)}
+	active := &epochRow{Number: 5, Partitions: 2, Shards: 8, State: EpochActive}
+	free := func(op claimOp) *claimRow { return &claimRow{Unit: "1.0", Epoch: 2000, State: StateFree, LastOp: op} }
+	tests := []struct {
+		name      string
+		row       *claimRow
+		recovered time.Time
+		wantAt    time.Time // zero: claimed
+	}{
+		{"never recovered: a free row is claimed", free(lastRelease), time.Time{}, time.Time{}},
+		{"a row Recover moved, inside the lost leases", free(lastRecover), now.Add(-500 * time.Millisecond), now.Add(500 * time.Millisecond)},
+		{"a row Recover moved, inside the lease itself", free(lastRecover), now.Add(2 * time.Second), now.Add(3 * time.Second)},
+		{"a row Recover moved, past the lost leases and the grace", free(lastRecover), now.Add(-2 * time.Second), time.Time{}},
+		{"a floor row CreatePending added (no op)", free(""), now, now.Add(grace)},
+		{"a unit without a row", nil, now, now.Add(grace)},
+		{"a row released since the Recover", free(lastRelease), now, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := claimInput{Now: now, Grace: grace, Claimer: claimer, Active: active, Row: tt.row, RecoveredUntil: tt.recovered}
+			d, err := decideClaim(MemberRef{Member: "b", Incarnation: 1029}, 5, "1.0", in)
+			var he *HeldError
+			switch {
+			case tt.wantAt.IsZero() && (err != nil || d.Op != lastClaim):
+				t.Fatalf("decision %+v, %v; want a claim", d, err)
+			case !tt.wantAt.IsZero() && (!errors.As(err, &he) || he.Reason != HeldRecovered || !he.AdoptableAt.Equal(tt.wantAt)):
+				t.Fatalf("decision %+v, %v; want held (%s) until %v", d, err, HeldRecovered, tt.wantAt)
+			}
+		})
+	}
+}

@@ -50,6 +50,10 @@ const (
 	// the unit and its lease has not lapsed past the grace, so a second
 	// process under the same name may still be delivering.
 	HeldPreviousIncarnation HeldReason = "previous-incarnation-grace"
+	// HeldRecovered: nobody took the unit since the registry was
+	// recovered, and a lease the lost primary granted may not have lapsed
+	// past the grace.
+	HeldRecovered HeldReason = "recovered-grace"
 )
 
 // HeldError refuses a claim on a unit another member holds.
@@ -65,7 +69,11 @@ type HeldError struct {
 
 // Error implements error.
 func (e *HeldError) Error() string {
-	return fmt.Sprintf("unit %s held by %s at epoch %d (%s)", e.Unit, e.Owner, e.Epoch, e.Reason)
+	owner := e.Owner
+	if owner == "" {
+		owner = "nobody"
+	}
+	return fmt.Sprintf("unit %s held by %s at epoch %d (%s)", e.Unit, owner, e.Epoch, e.Reason)
 }
 
 // Is matches ErrHeld.

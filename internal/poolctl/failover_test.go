@@ -63,6 +63,11 @@ func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 		t.Fatalf("durability with one asynchronous standby: %+v; want not durable, %s, 1 standby", d, DurableAsynchronous)
 	}
 
+	// a gives 0.3 up before the lag: the standby will show it free.
+	cs, err := pg.ConfirmOwned(ctx, a.MemberRef, nil)
+	must(t, err)
+	must(t, pg.Release(ctx, cs.Held["0.3"]))
+
 	// The standby has everything so far; then its WAL stream stops.
 	standbyDSN := viaAddr(t, dsn, standbyAddr)
 	waitStandbySeq(ctx, t, standbyDSN, topo, pg.SeenSeq(topo))
@@ -73,9 +78,11 @@ func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 	maxToken, maxEpoch := int64(0), int64(1)
 	for i := range 4 {
 		u := fmt.Sprintf("0.%d", i)
-		cs, err := pg.ConfirmOwned(ctx, a.MemberRef, nil)
-		must(t, err)
-		must(t, pg.Release(ctx, cs.Held[u]))
+		if i < 3 {
+			cs, err := pg.ConfirmOwned(ctx, a.MemberRef, nil)
+			must(t, err)
+			must(t, pg.Release(ctx, cs.Held[u]))
+		}
 		c, err := pg.Claim(ctx, b.MemberRef, 1, u)
 		must(t, err)
 		issue("b", c)
@@ -166,6 +173,14 @@ func TestAFailoverToALaggingStandbyIsRefusedAndRecovered(t *testing.T) {
 	}
 	if cs, err := pg.ConfirmOwned(ctx, a2.MemberRef, nil); err != nil || len(cs.Held) != 0 {
 		t.Fatalf("confirmation one grace after Recover: %v, holds %v; want nothing re-homed yet", err, cs.Held)
+	}
+	// 0.3 is free on the standby, but the lost primary gave it to b, whose
+	// lease a paused b may still believe in: a free row Recover moved
+	// waits for the same horizon.
+	var held *HeldError
+	if c, err := pg.Claim(ctx, a2.MemberRef, 1, "0.3"); !errors.As(err, &held) || held.Reason != HeldRecovered {
+		t.Fatalf("claim of 0.3 (free on the standby, b's on the lost primary) one grace after Recover: %+v, %v; want %s",
+			c, err, HeldRecovered)
 	}
 	// To Recover's instant + TTL + grace: the members' own leases, taken
 	// one grace after Recover, still run; they renew.

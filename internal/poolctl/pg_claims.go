@@ -38,22 +38,22 @@ import (
 // claim rows, their owners' member rows and the retiring set. Each part
 // comes back as its own kind of row.
 var claimReadSQL = `
-	WITH t AS (SELECT shardkeeper.clock(topology) AS now, grace FROM shardkeeper.topologies WHERE topology = $1),
+	WITH t AS (SELECT shardkeeper.clock(topology) AS now, grace, recovered_until FROM shardkeeper.topologies WHERE topology = $1),
 	me AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = $2),
 	ae AS (SELECT * FROM shardkeeper.epochs WHERE topology = $1 AND state = 'active'),
 	pe AS (SELECT count(*) AS n FROM shardkeeper.epochs WHERE topology = $1 AND state = 'pending'),
 	c AS MATERIALIZED (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = ANY($3::text[])),
 	ow AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member IN (SELECT owner FROM c)),
 	ru AS (SELECT unit FROM shardkeeper.retiring_units WHERE topology = $1 AND unit = ANY($3::text[]))
-	SELECT 'head', t.now, t.grace, pe.n > 0, ae.epoch, ae.partitions, ae.shards, ` + memberCols("me") + `,
+	SELECT 'head', t.now, t.grace, t.recovered_until, pe.n > 0, ae.epoch, ae.partitions, ae.shards, ` + memberCols("me") + `,
 	       ` + nulls(claimColCount) + `, NULL
 	  FROM t CROSS JOIN pe LEFT JOIN ae ON true LEFT JOIN me ON true
 	UNION ALL
-	SELECT 'claim', ` + nulls(6+memberColCount) + `, ` + claimCols("c") + `, NULL FROM c
+	SELECT 'claim', ` + nulls(7+memberColCount) + `, ` + claimCols("c") + `, NULL FROM c
 	UNION ALL
-	SELECT 'owner', ` + nulls(6) + `, ` + memberCols("ow") + `, ` + nulls(claimColCount) + `, NULL FROM ow
+	SELECT 'owner', ` + nulls(7) + `, ` + memberCols("ow") + `, ` + nulls(claimColCount) + `, NULL FROM ow
 	UNION ALL
-	SELECT 'retiring', ` + nulls(6+memberColCount+claimColCount) + `, ru.unit FROM ru`
+	SELECT 'retiring', ` + nulls(7+memberColCount+claimColCount) + `, ru.unit FROM ru`
 
 // claimLockRowsSQL and claimLockRefsSQL take the write's locks, each in a
 // statement of its own so that the write's snapshot and clock are taken
@@ -252,6 +252,7 @@ func scanClaimViewRow(rows pgx.Rows, v *claimView) (head bool, err error) {
 		kind              string
 		now               *time.Time
 		grace             *time.Duration
+		recovered         *time.Time
 		pending           *bool
 		epoch             *int64
 		partitions, shard *int
@@ -259,13 +260,16 @@ func scanClaimViewRow(rows pgx.Rows, v *claimView) (head bool, err error) {
 		cs                claimScan
 		retiring          *string
 	)
-	if err := rows.Scan(scanAll([]any{&kind, &now, &grace, &pending, &epoch, &partitions, &shard},
+	if err := rows.Scan(scanAll([]any{&kind, &now, &grace, &recovered, &pending, &epoch, &partitions, &shard},
 		ms.dest(), cs.dest(), []any{&retiring})...); err != nil {
 		return false, err
 	}
 	switch kind {
 	case "head":
 		v.Now, v.Grace, v.Pending, v.Claimer = *now, *grace, *pending, ms.row()
+		if recovered != nil {
+			v.RecoveredUntil = *recovered
+		}
 		if epoch != nil {
 			v.Active = &epochRow{Number: *epoch, Partitions: *partitions, Shards: *shard, State: EpochActive}
 		}

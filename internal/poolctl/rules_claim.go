@@ -34,6 +34,10 @@ type claimInput struct {
 	Owner   *memberRow // the row's owner, when held
 	// Retiring says the unit is in the topology's retiring set.
 	Retiring bool
+	// RecoveredUntil is the last Recover's instant plus the TTL (zero:
+	// never recovered): the end of every lease a lost primary may have
+	// granted.
+	RecoveredUntil time.Time
 }
 
 // claimDecision is what a claim writes.
@@ -61,6 +65,9 @@ func decideClaim(ref MemberRef, under int64, unit string, in claimInput) (claimD
 			Rehomed: row.Rehomed, From: row.AdoptedFrom}, nil
 	}
 	if err := checkClaimable(under, unit, in); err != nil {
+		return claimDecision{}, err
+	}
+	if err := waitRecovered(unit, in); err != nil {
 		return claimDecision{}, err
 	}
 	switch {
@@ -111,6 +118,31 @@ func checkClaimable(under int64, unit string, in claimInput) error {
 		return fmt.Errorf("claim %s under %dx%d, not retiring: %w", unit, in.Active.Partitions, in.Active.Shards, ErrUnitOutOfRange)
 	}
 	return nil
+}
+
+// waitRecovered refuses a decision on a unit nobody took since a Recover
+// until every lease the lost primary may have granted is over, plus the
+// grace (P5). The promoted standby may show the unit free, or held by
+// someone else, while a member the lost primary gave it to (a paused one,
+// not refused yet) still believes in its lease. Re-homes and adoptions
+// wait for the same horizon through the members' earlier expiry; a free
+// row has no member to read it from (chaos 14c gave one away 1.32 s after
+// such a lease, inside the grace). Rows not decided since the Recover are
+// the ones it moved (op recover), the free rows CreatePending adds at the
+// token floor (no op yet) and units without a row.
+func waitRecovered(unit string, in claimInput) error {
+	if in.RecoveredUntil.IsZero() || (in.Row != nil && in.Row.LastOp != lastRecover && in.Row.LastOp != "") {
+		return nil
+	}
+	at := in.RecoveredUntil.Add(in.Grace)
+	if !in.Now.Before(at) {
+		return nil
+	}
+	held := &HeldError{Unit: unit, Reason: HeldRecovered, AdoptableAt: at}
+	if in.Row != nil {
+		held.Owner, held.Epoch = in.Row.Owner, in.Row.Epoch
+	}
+	return held
 }
 
 // decideRehome moves a unit from an earlier incarnation of the claimer,
@@ -216,12 +248,14 @@ type claimView struct {
 	Rows     map[string]*claimRow
 	Owners   map[string]*memberRow
 	Retiring map[string]bool
+	// RecoveredUntil is claimInput's, for every unit.
+	RecoveredUntil time.Time
 }
 
 // input is one unit's claimInput.
 func (v claimView) input(unit string) claimInput {
 	in := claimInput{Now: v.Now, Grace: v.Grace, Claimer: v.Claimer, Active: v.Active, Pending: v.Pending,
-		Row: v.Rows[unit], Retiring: v.Retiring[unit]}
+		Row: v.Rows[unit], Retiring: v.Retiring[unit], RecoveredUntil: v.RecoveredUntil}
 	if in.Row != nil && in.Row.State != StateFree {
 		in.Owner = v.Owners[in.Row.Owner]
 	}

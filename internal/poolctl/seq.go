@@ -340,7 +340,11 @@ var recoverSQL = []string{
 	        prev_lease_expires_at = greatest(m.prev_lease_expires_at, m.lease_expires_at, t.now + t.lease_ttl)
 	   FROM t WHERE m.topology = $1`,
 	`UPDATE shardkeeper.epochs SET state = 'retired', retired_at = shardkeeper.clock($1) WHERE topology = $1 AND state = 'pending'`,
+	// recovered_until is the same horizon for the rows Recover moved: a
+	// row the standby shows free may be one the lost primary gave away
+	// (claim rules, waitRecovered).
 	`UPDATE shardkeeper.topologies SET next_incarnation = next_incarnation + $4::bigint + $2::bigint,
+	        recovered_until = shardkeeper.clock($1) + lease_ttl,
 	        token_floor = greatest(coalesce((SELECT max(fencing_epoch) FROM shardkeeper.claims WHERE topology = $1), 0),
 	                               $4::bigint + $2::bigint),
 	        epoch_floor = greatest(greatest(epoch_floor, coalesce((SELECT max(epoch) FROM shardkeeper.epochs WHERE topology = $1), 0))

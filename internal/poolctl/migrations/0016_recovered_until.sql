@@ -1,0 +1,12 @@
+-- shardkeeper registry schema, version 16: a unit Recover left free waits
+-- out the leases a lost primary may have granted (issue 22; chaos 14c).
+-- A promoted standby can show a unit free that the lost primary had given
+-- to a member, whose renewal only that primary saw may have granted a lease
+-- up to its death plus the TTL; a paused holder has not been refused yet
+-- and still believes it. Re-homes and adoptions already waited for that
+-- horizon (members.prev_lease_expires_at); a free row's claim did not, and
+-- chaos 14c once gave such a unit away 1.32 s after the lost lease's end,
+-- inside the grace. Recover now records its instant plus the TTL here, and
+-- a claim of a row Recover moved (last_op 'recover') waits until it plus
+-- the grace.
+ALTER TABLE shardkeeper.topologies ADD COLUMN recovered_until timestamptz;
