@@ -256,3 +256,28 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSetRetiring is the operator writing the retiring set of a
+// shrink from 16 x 256 units to 0 x 256: 4096 units retiring, then one
+// fewer (one drained), alternately: every write deletes or adds a unit
+// beside 4095 it keeps.
+func BenchmarkSetRetiring(b *testing.B) {
+	ctx := context.Background()
+	pg, _ := newPG(b)
+	topo := newTopology(b, pg, testParams, 16, 256)
+	var all []string
+	for p := 0; p < 16; p++ {
+		for s := 0; s < 256; s++ {
+			all = append(all, fmt.Sprintf("%d.%d", p, s))
+		}
+	}
+	must(b, pg.SetRetiring(ctx, topo, all))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		units := all
+		if i%2 == 0 {
+			units = all[1:]
+		}
+		must(b, pg.SetRetiring(ctx, topo, units))
+	}
+}
