@@ -230,6 +230,14 @@ func laggablePair(t *testing.T) (primary, standby *pgtest.Server, wal, front *fa
 	return primary, standby, wal, front, dsn
 }
 
+// passRecoveredLeases moves the registry's clock past every lease a lost
+// primary may have granted before the last Recover, plus the grace
+// (waitRecovered): a unit nobody took since is claimable.
+func passRecoveredLeases(ctx context.Context, t *testing.T, pg *PG, topology string) {
+	t.Helper()
+	must(t, testShiftPast(ctx, pg, topology, testParams.LeaseTTL+testParams.Grace))
+}
+
 // testShiftPast moves the registry's clock (the test hook) by d, so the
 // grace after the ended leases passes without a sleep.
 func testShiftPast(ctx context.Context, pg *PG, topology string, d time.Duration) error {
@@ -372,6 +380,7 @@ func TestACommitWhoseSynchronousWaitWasCancelledIsFoundAfterAFailover(t *testing
 	}
 	rec, err := pg.Recover(ctx, topo, RecoverFloor{}, 1)
 	must(t, err)
+	passRecoveredLeases(ctx, t, pg, topo)
 	a2, err := pg.Rejoin(ctx, a.MemberRef, "a-1")
 	must(t, err)
 	c1, err := pg.Claim(ctx, a2.MemberRef, 1, "0.1")

@@ -99,6 +99,7 @@ func TestARegistryBehindAClientsMarkIsRefusedUntilRecovered(t *testing.T) {
 	if _, err := pg.Renew(ctx, a.MemberRef); !errors.Is(err, ErrLeaseExpired) {
 		t.Fatalf("renew after recovery: got %v, want ErrLeaseExpired (every member rejoins)", err)
 	}
+	passRecoveredLeases(ctx, t, pg, topo)
 	b, err := other.Join(ctx, topo, "b")
 	must(t, err)
 	if b.Incarnation < rec.IncarnationFloor-100 {
@@ -171,6 +172,7 @@ func TestAChangedServerRefusesEveryWrite(t *testing.T) {
 			}
 			_, err = pg.Recover(ctx, topo, RecoverFloor{}, 0)
 			must(t, err)
+			passRecoveredLeases(ctx, t, pg, topo)
 			a2, err := pg.Rejoin(ctx, a.MemberRef, "p1")
 			must(t, err)
 			_, err = pg.Claim(ctx, a2.MemberRef, 1, "0.0")
@@ -294,6 +296,7 @@ func TestRecoverOfATopologyWithoutClaimsStillSetsFloors(t *testing.T) {
 	must(t, pg.EnsureTopology(ctx, topo, testParams))
 	rec, err := pg.Recover(ctx, topo, RecoverFloor{}, 10)
 	must(t, err)
+	passRecoveredLeases(ctx, t, pg, topo)
 	e, err := pg.CreatePending(ctx, topo, 1, 2)
 	must(t, err)
 	must(t, pg.Activate(ctx, topo, e))
