@@ -51,6 +51,10 @@ type deliveryFixture struct {
 	topo string
 	// rows is how many rows each side drains per drain (-delivery-rows).
 	rows int
+	// cpu is each side's CPU over its drains (sampleCPU), and drains how
+	// many each side ran.
+	cpu    map[string]cpuByRole
+	drains map[string]int
 }
 
 func runDelivery(ctx context.Context, e *env) ([]result, error) {
@@ -75,7 +79,12 @@ func runDelivery(ctx context.Context, e *env) ([]result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("profiled SDK round: %w", err)
 	}
-	return []result{deliveryResult(plain, sdk, ratios, e.o.rounds, f.rows, prof)}, nil
+	r := deliveryResult(plain, sdk, ratios, e.o.rounds, f.rows, prof)
+	for _, k := range []string{"plain", "SDK"} {
+		r.notes = append(r.notes, fmt.Sprintf("CPU per 100,000 rows, %s side (/proc, %d drains, start to last ack): %s",
+			k, f.drains[k], f.cpu[k].perRows(f.rows, f.drains[k])))
+	}
+	return []result{r}, nil
 }
 
 // twinLayout is the one-unit layout of a twin consumer.
@@ -89,7 +98,8 @@ func newDeliveryFixture(ctx context.Context, e *env) (*deliveryFixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &deliveryFixture{e: e, url: appURL(srv), topo: "bench/delivery", rows: e.o.deliveryRows}
+	f := &deliveryFixture{e: e, url: appURL(srv), topo: "bench/delivery", rows: e.o.deliveryRows,
+		cpu: map[string]cpuByRole{}, drains: map[string]int{}}
 	if f.nc, err = nats.Connect(f.url, nats.Name("bench publisher")); err != nil {
 		return nil, fmt.Errorf("connect to NATS: %w", err)
 	}
@@ -150,14 +160,14 @@ func (f *deliveryFixture) round(ctx context.Context, sdkTwin, plainTwin string) 
 		sdkFirst := half == 1
 		for i := range 2 {
 			if (i == 0) == sdkFirst {
-				r, err := f.drain(ctx, sdkTwin, f.startSDK)
+				r, err := f.drain(ctx, "SDK", sdkTwin, f.startSDK)
 				if err != nil {
 					return 0, 0, fmt.Errorf("SDK: %w", err)
 				}
 				sdk += r / 2
 				continue
 			}
-			r, err := f.drain(ctx, plainTwin, f.startPlain)
+			r, err := f.drain(ctx, "plain", plainTwin, f.startPlain)
 			if err != nil {
 				return 0, 0, fmt.Errorf("plain: %w", err)
 			}
@@ -180,18 +190,28 @@ func (f *deliveryFixture) purge(ctx context.Context) error {
 	return nil
 }
 
-// drain has start drain twin t and returns its rate.
-func (f *deliveryFixture) drain(ctx context.Context, t string, start func(string, *roundClock) (*side, error)) (float64, error) {
+// drain has start drain twin t and returns its rate. The CPU every
+// process used from the start to the last ack is added to kind's
+// ("SDK", "plain"; "" counts nowhere).
+func (f *deliveryFixture) drain(ctx context.Context, kind, t string, start func(string, *roundClock) (*side, error)) (float64, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	clk := newRoundClock()
+	before, err := sampleCPU()
+	if err != nil {
+		return 0, err
+	}
 	s, err := start(t, clk)
 	if err != nil {
 		return 0, err
 	}
 	werr := f.waitAcked(rctx, t, clk)
-	if err := errors.Join(werr, s.stop(), f.unpin(ctx, t)); err != nil {
+	after, cerr := sampleCPU()
+	if err := errors.Join(werr, cerr, s.stop(), f.unpin(ctx, t)); err != nil {
 		return 0, err
+	}
+	if kind != "" {
+		f.cpu[kind], f.drains[kind] = f.cpu[kind].plus(after.minus(before)), f.drains[kind]+1
 	}
 	return clk.rate(f.rows), nil
 }
@@ -206,13 +226,13 @@ func (f *deliveryFixture) profiledRound(ctx context.Context) (*profile, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, err = f.drain(ctx, twins[0], f.startSDK)
+	_, err = f.drain(ctx, "", twins[0], f.startSDK)
 	prof.stop()
 	if err != nil {
 		return nil, err
 	}
 	// Drain the other twin too, so no row is left for later.
-	_, err = f.drain(ctx, twins[1], f.startPlain)
+	_, err = f.drain(ctx, "", twins[1], f.startPlain)
 	return prof, err
 }
 
