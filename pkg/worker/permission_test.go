@@ -11,8 +11,9 @@ import (
 )
 
 // The per-row P1 check reads the core's published permission: one atomic
-// load, one map read, one monotonic clock read. It must answer what the
-// permission says, on the fence deadline as on the token.
+// load and one monotonic clock read (the map read only when the
+// permission changed). It must answer what the permission says, on the
+// fence deadline as on the token.
 func TestMayDeliverFollowsThePublishedPermission(t *testing.T) {
 	u, other := ownership.Unit{Partition: 0, Shard: 1}, ownership.Unit{Partition: 0, Shard: 2}
 	tok := poolctl.Token{Topology: "ns/t", Unit: u.String(), Member: "w-0", Epoch: 3}
@@ -35,10 +36,44 @@ func TestMayDeliverFollowsThePublishedPermission(t *testing.T) {
 			if tt.perm != nil {
 				w.perm.Store(tt.perm)
 			}
-			if got := w.mayDeliver(u, tok); got != tt.want {
+			p := &puller{w: w, unit: u, token: tok}
+			if got := p.mayDeliver(); got != tt.want {
 				t.Fatalf("mayDeliver = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// A puller keeps the permission's answer while the permission is the
+// same; every newly published one is read again, whichever way it
+// answers.
+func TestMayDeliverReadsEveryNewPermission(t *testing.T) {
+	u := ownership.Unit{Partition: 0, Shard: 1}
+	tok := poolctl.Token{Topology: "ns/t", Unit: u.String(), Member: "w-0", Epoch: 3}
+	later := sinceStart() + time.Hour
+	held := func() *member.Permission {
+		return &member.Permission{Units: map[ownership.Unit]poolctl.Token{u: tok}, FenceDue: later}
+	}
+	steps := []struct {
+		perm *member.Permission
+		want bool
+	}{
+		{held(), true},
+		{&member.Permission{Units: map[ownership.Unit]poolctl.Token{}, FenceDue: later}, false},
+		{held(), true},
+		{&member.Permission{Units: map[ownership.Unit]poolctl.Token{u: tok}, Fenced: true, FenceDue: later}, false},
+		{held(), true},
+		{&member.Permission{Units: map[ownership.Unit]poolctl.Token{u: tok}, FenceDue: sinceStart()}, false},
+	}
+	w := &Worker{}
+	p := &puller{w: w, unit: u, token: tok}
+	for i, st := range steps {
+		w.perm.Store(st.perm)
+		for range 2 { // the second check answers from the kept answer
+			if got := p.mayDeliver(); got != st.want {
+				t.Fatalf("step %d: mayDeliver = %v, want %v", i, got, st.want)
+			}
+		}
 	}
 }
 
@@ -55,8 +90,9 @@ func BenchmarkMayDeliver(b *testing.B) {
 	b.Run("permission", func(b *testing.B) {
 		w := &Worker{}
 		w.perm.Store(&member.Permission{Units: units, FenceDue: sinceStart() + time.Hour})
+		p := &puller{w: w, unit: u, token: tok}
 		for b.Loop() {
-			if !w.mayDeliver(u, tok) {
+			if !p.mayDeliver() {
 				b.Fatal("refused")
 			}
 		}

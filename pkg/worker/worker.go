@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardkeeper/shardkeeper/internal/natsops"
-	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 	"github.com/shardkeeper/shardkeeper/pkg/worker/internal/member"
 )
@@ -222,14 +221,6 @@ func (w *Worker) drainTimeout() time.Duration {
 		return time.Duration(d)
 	}
 	return w.opts.DrainTimeout
-}
-
-// mayDeliver is the P1 check made before a row is delivered and before it
-// is settled: the member holds the unit under this very token, is not
-// fenced, and its self-fence deadline has not passed on its own clock.
-// One atomic load, one map read, one monotonic clock read.
-func (w *Worker) mayDeliver(u ownership.Unit, t poolctl.Token) bool {
-	return w.perm.Load().Allows(u, t, sinceStart())
 }
 
 // Ready reports whether the worker holds a lease, is not fenced, and no

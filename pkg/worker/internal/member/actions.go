@@ -256,7 +256,15 @@ func (p *Permission) Holds(u ownership.Unit, seq uint64, key string) bool {
 // Allows is the per-row P1 check: one map read and one comparison of now
 // (the caller's monotonic clock) with the fence deadline.
 func (p *Permission) Allows(u ownership.Unit, t poolctl.Token, now time.Duration) bool {
-	if p == nil || p.Fenced || now >= p.FenceDue {
+	return p.Delivers(u, t) && now < p.FenceDue
+}
+
+// Delivers is Allows without the clock: unit u is held under token t and
+// the member is not fenced. A permission is never changed once
+// published, so a puller may keep this answer for as long as it sees the
+// same permission, and compare only the clock on every row.
+func (p *Permission) Delivers(u ownership.Unit, t poolctl.Token) bool {
+	if p == nil || p.Fenced {
 		return false
 	}
 	held, ok := p.Units[u]
