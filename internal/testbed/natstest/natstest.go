@@ -17,6 +17,7 @@
 package natstest
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -67,6 +68,9 @@ func StartClusterWith(tb testing.TB, n int, adjust func(i int, cfg *ServerConfig
 	}
 	tb.Cleanup(c.Shutdown)
 	c.WaitJetStream(30 * time.Second)
+	if n > 1 {
+		c.waitSystemAccount(30 * time.Second)
+	}
 	return c
 }
 
@@ -291,6 +295,85 @@ func (c *Cluster) jetStreamReady() bool {
 		}
 	}
 	return js == 0 || leaders == 1
+}
+
+// waitSystemAccount waits until every running server answers a STATSZ
+// ping and counts every running server as active. JetStream can be ready
+// before the system account has heard from every server; a census then
+// (natsops.TakeCensus) stops after the first reply, which counts only the
+// server that sent it, and finds the others silent (a CI run failed
+// TestCensusOfASingleVersionClusterPasses that way).
+func (c *Cluster) waitSystemAccount(timeout time.Duration) {
+	c.tb.Helper()
+	var running []string
+	first := -1
+	for i, s := range c.Servers {
+		if s != nil && s.Running() {
+			running = append(running, c.Configs[i].Name)
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	nc := c.ConnectSys(first)
+	defer nc.Close()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		if last = systemAccountMissing(nc, running); last == "" {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.tb.Fatalf("system account of cluster %s not complete within %s: %s", c.Name, timeout, last)
+}
+
+// systemAccountMissing pings every server for STATSZ and says what is
+// missing: a running server that did not answer within a second, or one
+// that counts fewer active servers than run; "" when nothing is.
+func systemAccountMissing(nc *nats.Conn, running []string) string {
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return err.Error()
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SYS.REQ.SERVER.PING.STATSZ", inbox, nil); err != nil {
+		return err.Error()
+	}
+	active := map[string]int{}
+	waiting := map[string]bool{}
+	for _, name := range running {
+		waiting[name] = true
+	}
+	for len(waiting) > 0 {
+		m, err := sub.NextMsg(time.Second)
+		if err != nil {
+			break
+		}
+		var r struct {
+			Server struct {
+				Name string `json:"name"`
+			} `json:"server"`
+			Stats struct {
+				ActiveServers int `json:"active_servers"`
+			} `json:"statsz"`
+		}
+		if json.Unmarshal(m.Data, &r) == nil {
+			active[r.Server.Name] = r.Stats.ActiveServers
+			delete(waiting, r.Server.Name)
+		}
+	}
+	for _, name := range running {
+		n, ok := active[name]
+		switch {
+		case !ok:
+			return name + " did not answer"
+		case n < len(running):
+			return fmt.Sprintf("%s counts %d active servers of %d", name, n, len(running))
+		}
+	}
+	return ""
 }
 
 // Shutdown stops every running server.
