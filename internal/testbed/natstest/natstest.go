@@ -351,14 +351,7 @@ func systemAccountMissing(nc *nats.Conn, running []string) string {
 		if err != nil {
 			break
 		}
-		var r struct {
-			Server struct {
-				Name string `json:"name"`
-			} `json:"server"`
-			Stats struct {
-				ActiveServers int `json:"active_servers"`
-			} `json:"statsz"`
-		}
+		var r statsz
 		if json.Unmarshal(m.Data, &r) == nil {
 			active[r.Server.Name] = r.Stats.ActiveServers
 			delete(waiting, r.Server.Name)

@@ -189,7 +189,8 @@ type statsz struct {
 		Name string `json:"name"`
 	} `json:"server"`
 	Stats struct {
-		JetStream *struct {
+		ActiveServers int `json:"active_servers"`
+		JetStream     *struct {
 			Meta *struct {
 				Leader   string `json:"leader"`
 				Replicas []struct {
