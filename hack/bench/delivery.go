@@ -30,7 +30,7 @@ import (
 // rate is its rows over the time from its first row to its consumer's
 // ack floor reaching the last. (Side by side would not do: both sides then share the
 // server fairly and run at the same rate whatever the SDK costs.) One
-// more SDK drain runs under the CPU profiler to name the per-row costs.
+// more round's drains run under the CPU profiler to name the per-row costs.
 
 const (
 	defaultDeliveryRows = 300_000
@@ -75,11 +75,11 @@ func runDelivery(ctx context.Context, e *env) ([]result, error) {
 			break
 		}
 	}
-	prof, err := f.profiledRound(ctx)
+	prof, plainProf, err := f.profiledRound(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("profiled SDK round: %w", err)
+		return nil, fmt.Errorf("profiled round: %w", err)
 	}
-	r := deliveryResult(plain, sdk, ratios, e.o.rounds, f.rows, prof)
+	r := deliveryResult(plain, sdk, ratios, e.o.rounds, f.rows, prof, plainProf)
 	for _, k := range []string{"plain", "SDK"} {
 		r.notes = append(r.notes, fmt.Sprintf("CPU per 100,000 rows, %s side (/proc, %d drains, start to last ack): %s",
 			k, f.drains[k], f.cpu[k].perRows(f.rows, f.drains[k])))
@@ -216,23 +216,28 @@ func (f *deliveryFixture) drain(ctx context.Context, kind, t string, start func(
 	return clk.rate(f.rows), nil
 }
 
-// profiledRound is one more SDK drain with this process's CPU profiled
-// from after the publishing to the end of delivery.
-func (f *deliveryFixture) profiledRound(ctx context.Context) (*profile, error) {
+// profiledRound is one more round's pair of drains, each with this
+// process's CPU profiled from after the publishing to the end of its
+// delivery, so the two profiles can be set side by side (go tool pprof
+// -diff_base).
+func (f *deliveryFixture) profiledRound(ctx context.Context) (sdk, plain *profile, err error) {
 	if err := f.publish(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	prof, err := f.e.startProfile("c-delivery-sdk")
+	if sdk, err = f.profiledDrain(ctx, "c-delivery-sdk", twins[0], f.startSDK); err != nil {
+		return nil, nil, err
+	}
+	plain, err = f.profiledDrain(ctx, "c-delivery-plain", twins[1], f.startPlain)
+	return sdk, plain, err
+}
+
+func (f *deliveryFixture) profiledDrain(ctx context.Context, name, t string, start func(string, *roundClock) (*side, error)) (*profile, error) {
+	prof, err := f.e.startProfile(name)
 	if err != nil {
 		return nil, err
 	}
-	_, err = f.drain(ctx, "", twins[0], f.startSDK)
+	_, err = f.drain(ctx, "", t, start)
 	prof.stop()
-	if err != nil {
-		return nil, err
-	}
-	// Drain the other twin too, so no row is left for later.
-	_, err = f.drain(ctx, "", twins[1], f.startPlain)
 	return prof, err
 }
 
@@ -404,7 +409,7 @@ func (f *deliveryFixture) startSDK(t string, clk *roundClock) (*side, error) {
 	return s, nil
 }
 
-func deliveryResult(plain, sdk, ratios []float64, maxRounds, rows int, prof *profile) result {
+func deliveryResult(plain, sdk, ratios []float64, maxRounds, rows int, prof, plainProf *profile) result {
 	ratio, lo, hi, ok := ratioInterval(ratios)
 	r := result{
 		row: "c", what: "SDK delivery, no-op handler, no history (rows/s)",
@@ -424,12 +429,16 @@ func deliveryResult(plain, sdk, ratios []float64, maxRounds, rows int, prof *pro
 	for i := range ratios {
 		r.notes = append(r.notes, fmt.Sprintf("round %d: plain %.0f rows/s, SDK %.0f rows/s, ratio %.3f", i+1, plain[i], sdk[i], ratios[i]))
 	}
-	r.notes = append(r.notes, "this process's CPU in an extra SDK-only round under the profiler, delivery only (go tool pprof -top):")
+	r.notes = append(r.notes, "this process's CPU in an extra round's SDK drain under the profiler, delivery only (go tool pprof -top):")
 	for _, l := range prof.top(20) {
 		r.notes = append(r.notes, "  "+l)
 	}
 	r.notes = append(r.notes, "the SDK's own per-row path in the same profile (go tool pprof -top -cum -focus=pkg/worker):")
 	for _, l := range prof.top(20, "-cum", "-focus=shardkeeper/pkg/worker") {
+		r.notes = append(r.notes, "  "+l)
+	}
+	r.notes = append(r.notes, fmt.Sprintf("the same SDK drain less the plain drain after it (go tool pprof -top -diff_base=%s):", plainProf.path))
+	for _, l := range prof.top(20, "-diff_base="+plainProf.path) {
 		r.notes = append(r.notes, "  "+l)
 	}
 	if r.verdict == missed {
