@@ -79,6 +79,8 @@ func TestAckMetadataReadsEveryAckSubjectShape(t *testing.T) {
 		{"domain and random token", "$JS.ACK._.ACCHASH.S_INGEST_0.ingest_0_3.1.42.40.1700000000000000000.0.RANDOM", ackFields{42, 1, 0}},
 		{"without the random token", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.18446744073709551615.3.1700000.12", ackFields{18446744073709551615, 7, 12}},
 		{"a token more", "$JS.ACK.hub.ACCHASH.S_INGEST_0.ingest_0_3.7.9.3.1700000.4.RANDOM.FUTURE", ackFields{9, 7, 4}},
+		{"nineteen digits", "$JS.ACK.S.C.9999999999999999999.1.2.3.0", ackFields{1, 9999999999999999999, 0}},
+		{"leading zeros", "$JS.ACK.S.C.00000000000000000000001.02.3.4.05", ackFields{2, 1, 5}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -88,7 +90,9 @@ func TestAckMetadataReadsEveryAckSubjectShape(t *testing.T) {
 			}
 		})
 	}
-	for _, s := range []string{"", "_INBOX.x", "$JS.ACK.a.b.c", "$JS.ACK.S.C.x.1.2.3.4", "$JS.ACK.a.b.c.d.e.f.g.h.i.j"} {
+	for _, s := range []string{"", "_INBOX.x", "$JS.ACK.a.b.c", "$JS.ACK.S.C.x.1.2.3.4", "$JS.ACK.a.b.c.d.e.f.g.h.i.j",
+		"$JS.ACK.S.C.1.18446744073709551616.2.3.4", "$JS.ACK.S.C.1..2.3.4", "$JS.ACK.S.C.1.2.3.4.", "$JS.ACK.S.C.+1.2.3.4.5",
+		"$JS.ACK.S.C.1.-2.3.4.5", "$JS.ACK.S.C.1.2.3.4.5x"} {
 		if _, ok := ackMetadata(s); ok {
 			t.Fatalf("ackMetadata(%q) accepted a subject of another shape", s)
 		}
