@@ -22,10 +22,29 @@ const (
 	fetchConsumerMissing = "consumer_missing"
 	fetchPinned          = "pinned"
 	fetchLookup          = "lookup"
+	fetchUnpin           = "unpin"
 	fetchOther           = "fetch"
 )
 
-var fetchErrorReasons = []string{fetchConsumerMissing, fetchPinned, fetchLookup, fetchOther}
+var fetchErrorReasons = []string{fetchConsumerMissing, fetchPinned, fetchLookup, fetchUnpin, fetchOther}
+
+// pullStep is the request of a puller's that failed: the UNPIN before
+// its first pull, the consumer's lookup, or a pull.
+type pullStep int
+
+const (
+	stepPull pullStep = iota
+	stepLookup
+	stepUnpin
+)
+
+// failedStep names a pullStep's failure in the log and its counter
+// reason when the consumer is there.
+var failedStep = map[pullStep]struct{ msg, reason string }{
+	stepPull:   {"Fetch failed", fetchOther},
+	stepLookup: {"Consumer lookup failed", fetchLookup},
+	stepUnpin:  {"UNPIN before the first pull failed", fetchUnpin},
+}
 
 const (
 	// fetchLogEvery bounds a failing unit's log lines at the default
@@ -38,27 +57,24 @@ const (
 	fetchQuietFor = 5 * time.Second
 )
 
-// fetchErrorReason names err for the counter. lookup says whether the
-// consumer's lookup failed rather than a pull.
-func fetchErrorReason(err error, lookup bool) string {
+// fetchErrorReason names err of step for the counter.
+func fetchErrorReason(err error, step pullStep) string {
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted),
 		errors.Is(err, jetstream.ErrConsumerDoesNotExist), errors.Is(err, nats.ErrNoResponders):
 		return fetchConsumerMissing
 	case errors.Is(err, jetstream.ErrPinIDMismatch):
 		return fetchPinned
-	case lookup:
-		return fetchLookup
 	}
-	return fetchOther
+	return failedStep[step].reason
 }
 
-// fetchFailed counts and (rate-limited) logs one failed lookup or pull,
-// and starts the failing run Ready judges. It reports whether the
+// fetchFailed counts and (rate-limited) logs one failed UNPIN, lookup or
+// pull, and starts the failing run Ready judges. It reports whether the
 // consumer handle should be looked up again (the consumer is gone, and
 // may come back).
-func (p *puller) fetchFailed(err error, lookup bool) (relookup bool) {
-	reason := fetchErrorReason(err, lookup)
+func (p *puller) fetchFailed(err error, step pullStep) (relookup bool) {
+	reason := fetchErrorReason(err, step)
 	p.w.metrics.fetchErrs[reason].Inc()
 	now := sinceStart()
 	if p.failingSince.Load() == 0 {
@@ -70,10 +86,7 @@ func (p *puller) fetchFailed(err error, lookup bool) (relookup bool) {
 	p.failures++
 	p.lastReason.Store(&reason)
 	failingFor := now - time.Duration(p.failingSince.Load())
-	msg := "Fetch failed"
-	if lookup {
-		msg = "Consumer lookup failed"
-	}
+	msg := failedStep[step].msg
 	loud := reason == fetchConsumerMissing || failingFor >= fetchQuietFor
 	if loud && (p.loggedAt == 0 || now-p.loggedAt >= fetchLogEvery) {
 		p.loggedAt = now

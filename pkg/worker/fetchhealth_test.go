@@ -31,6 +31,20 @@ func (l *lines) add(prefix, args string) {
 	l.all = append(l.all, prefix+" "+args)
 }
 
+// newLines keeps a worker's default-level lines, and prints them when t
+// fails.
+func newLines(t *testing.T) *lines {
+	l := &lines{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			t.Logf("the worker's default-level lines:\n%s", strings.Join(l.all, "\n"))
+		}
+	})
+	return l
+}
+
 // matching returns the lines that contain every one of subs.
 func (l *lines) matching(subs ...string) []string {
 	l.mu.Lock()
@@ -79,7 +93,7 @@ func (s *sdkWorker) labelled(t *testing.T, name, label, value string) float64 {
 // readiness come back. The other unit keeps delivering throughout.
 func TestAVanishedConsumerIsLoggedCountedAndMakesTheWorkerNotReady(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
-	logs := &lines{}
+	logs := newLines(t)
 	const bound = 3 * time.Second
 	s := startSDK(t, f, "w-0", nil, func(o *worker.Options) {
 		o.Logger = funcr.New(logs.add, funcr.Options{Verbosity: 0})
@@ -153,6 +167,71 @@ func TestAVanishedConsumerIsLoggedCountedAndMakesTheWorkerNotReady(t *testing.T)
 		t.Fatal("ready again without a line saying 0.1's pulls recovered")
 	}
 	rows = f.PublishBurstAs("back", []ownership.Unit{{Partition: 0, Shard: 1}}, 20)
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := len(s.records(history.KindAck, "0.1")); n < len(rows) {
+			return fmt.Errorf("0.1 acked %d of %d rows after its consumer came back", n, len(rows))
+		}
+		return nil
+	})
+}
+
+// A puller that starts while its unit's consumer is missing (a worker
+// restarted after the consumer was deleted; a new claim after a fence)
+// fails the UNPIN every new holder sends before its first pull, for as
+// long as the consumer is gone. It stalled there silently: nothing
+// logged at the default level, nothing counted, ready. Now those
+// failures are logged, counted and judged by readiness as failed pulls
+// are, and the unit delivers once the consumer is provisioned again.
+func TestAConsumerMissingWhenItsPullerStartsIsLoggedCountedAndMakesTheWorkerNotReady(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	js, err := jetstream.New(f.NATS.Connect(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := f.Layout.ConsumerRef(natsops.Unit{Partition: 0, Shard: 1})
+	if err := js.DeleteConsumer(ctx, ref.Stream, ref.Name); err != nil {
+		t.Fatalf("delete the consumer of 0.1: %v", err)
+	}
+	if _, err := js.Consumer(ctx, ref.Stream, ref.Name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("setup: the consumer of 0.1 after its deletion: %v, want not found", err)
+	}
+
+	logs := newLines(t)
+	const bound = 3 * time.Second
+	s := startSDK(t, f, "w-0", nil, func(o *worker.Options) {
+		o.Logger = funcr.New(logs.add, funcr.Options{Verbosity: 0})
+		o.FetchFailureBound = bound
+	})
+	// The fault took effect: the worker holds 0.1, whose consumer is gone.
+	waitHolding(t, s, 30*time.Second, "0.0", "0.1")
+
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if len(logs.matching("UNPIN", "failed", `"unit"="0.1"`, `"reason"="consumer_missing"`)) == 0 {
+			return errors.New("no default-level line about 0.1's failing UNPIN yet")
+		}
+		if n := s.labelled(t, "shardkeeper_worker_fetch_errors_total", "reason", "consumer_missing"); n == 0 {
+			return errors.New("fetch_errors_total{reason=consumer_missing} is 0")
+		}
+		return nil
+	})
+	fleettest.Eventually(t, bound+30*time.Second, func() error {
+		err := s.w.Readiness()
+		if err == nil || !strings.Contains(err.Error(), "0.1") {
+			return fmt.Errorf("readiness %v, want not ready naming 0.1", err)
+		}
+		return nil
+	})
+
+	if _, err := f.Provision(ctx, f.Layout); err != nil {
+		t.Fatalf("provision again: %v", err)
+	}
+	fleettest.Eventually(t, 30*time.Second, s.w.Readiness)
+	if len(logs.matching("recovered", `"unit"="0.1"`)) == 0 {
+		t.Fatal("ready again without a line saying 0.1 recovered")
+	}
+	rows := f.PublishBurstAs("back", []ownership.Unit{{Partition: 0, Shard: 1}}, 20)
 	fleettest.Eventually(t, 30*time.Second, func() error {
 		if n := len(s.records(history.KindAck, "0.1")); n < len(rows) {
 			return fmt.Errorf("0.1 acked %d of %d rows after its consumer came back", n, len(rows))

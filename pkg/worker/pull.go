@@ -140,7 +140,7 @@ func (p *puller) run() {
 			c, err := p.w.js.Consumer(p.ctx, p.ref.Stream, p.ref.Name)
 			if err != nil {
 				if p.ctx.Err() == nil {
-					p.fetchFailed(err, true)
+					p.fetchFailed(err, stepLookup)
 				}
 				backoff.wait(p.ctx, nil)
 				continue
@@ -152,7 +152,7 @@ func (p *puller) run() {
 			// Another client still pinned, a leader election, a restart:
 			// all pass; try again shortly. A consumer that is gone is
 			// looked up again, so one re-created is found.
-			if p.ctx.Err() == nil && p.fetchFailed(err, false) {
+			if p.ctx.Err() == nil && p.fetchFailed(err, stepPull) {
 				cons = nil
 			}
 			backoff.wait(p.ctx, nil)
@@ -172,44 +172,61 @@ func (p *puller) run() {
 // It reports false when the claim was lost meanwhile.
 func (p *puller) prepare() bool {
 	w := p.w
-	// A handover that stops a puller still waiting for a slot need not
-	// wait for its UNPIN: the handover UNPINs anyway, and every later
-	// holder too. A takeover waits, so its RESET is not lost.
-	var handedOver <-chan struct{}
-	if !p.takeover {
-		handedOver = p.stopFetch
-	}
-	select {
-	case w.takeoverSlots() <- struct{}{}:
-	case <-p.ctx.Done():
-		return false
-	case <-handedOver:
-		return false
-	}
-	defer func() { <-w.takeoverSlots() }()
-	if !p.mayDeliver() {
-		return false
-	}
 	if p.unpinFirst && !p.unpinUntilAnswered() {
 		return false
 	}
-	if p.takeover {
+	if p.takeover && !p.inSlot(func() bool {
 		if !p.mayDeliver() {
 			return false // fenced meanwhile: no RESET (P5)
 		}
 		w.resetOnTakeover(p.ctx, p)
+		return true
+	}) {
+		return false
+	}
+	if !p.mayDeliver() {
+		return false
 	}
 	w.post(member.PullerPrepared{Unit: p.unit, Puller: p.id})
 	w.log.V(1).Info("Pulling", "unit", p.unit.String())
 	return true
 }
 
+// inSlot runs f holding one of the worker's takeover slots, which bound
+// the UNPIN and RESET requests in flight at once, and reports f's
+// answer, or false when the puller stopped while waiting for a slot. A
+// handover that stops a puller still waiting need not wait for its
+// UNPIN: the handover UNPINs anyway, and every later holder too. A
+// takeover waits, so its RESET is not lost.
+func (p *puller) inSlot(f func() bool) bool {
+	var handedOver <-chan struct{}
+	if !p.takeover {
+		handedOver = p.stopFetch
+	}
+	select {
+	case p.w.takeoverSlots() <- struct{}{}:
+	case <-p.ctx.Done():
+		return false
+	case <-handedOver:
+		return false
+	}
+	defer func() { <-p.w.takeoverSlots() }()
+	return f()
+}
+
 // unpinUntilAnswered lifts the consumer's pin before the first pull, asking
 // again until NATS answers: a lost or failed UNPIN (a consumer leader
 // being elected, a server down) leaves the previous holder's pin in place
 // and this holder waiting for the pinned TTL (simulator seed 30747; chaos
-// scenario 6, where the leader is down 20s). It reports false when the
-// claim was lost or the puller stopped meanwhile.
+// scenario 6, where the leader is down 20s). Its failures count, log and
+// judge readiness as failed pulls do: a puller that starts while its
+// consumer is missing fails every UNPIN and never pulls, which went
+// unreported (issue 21's hole; TestAConsumerMissingWhenItsPullerStarts...
+// shows it, and it can explain TestAVanishedConsumer...'s rare failure
+// under load, where any new puller for the unit stalled so). The slot is held
+// for each request only, not across the waits between them, so units
+// whose consumers are gone do not hold up other units' takeovers. It
+// reports false when the claim was lost or the puller stopped meanwhile.
 func (p *puller) unpinUntilAnswered() bool {
 	b := newBackoff(50*time.Millisecond, time.Second)
 	for p.fetching() {
@@ -217,8 +234,16 @@ func (p *puller) unpinUntilAnswered() bool {
 		if !p.mayDeliver() {
 			return false
 		}
-		if p.w.unpin(p.ctx, p.unit) == nil {
+		var err error
+		if !p.inSlot(func() bool { err = p.w.unpin(p.ctx, p.unit); return true }) {
+			return false
+		}
+		if err == nil {
+			p.fetchOK()
 			return true
+		}
+		if p.ctx.Err() == nil {
+			p.fetchFailed(err, stepUnpin)
 		}
 		b.wait(p.ctx, p.stopFetch)
 	}
