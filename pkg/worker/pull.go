@@ -231,11 +231,14 @@ func (p *puller) unpinUntilAnswered() bool {
 	b := newBackoff(50*time.Millisecond, time.Second)
 	for p.fetching() {
 		p.releaseHeld()
-		if !p.mayDeliver() {
-			return false
-		}
 		var err error
-		if !p.inSlot(func() bool { err = p.w.unpin(p.ctx, p.unit); return true }) {
+		if !p.inSlot(func() bool {
+			if !p.mayDeliver() {
+				return false // the claim moved on: an UNPIN now would lift the new holder's pin
+			}
+			err = p.w.unpin(p.ctx, p.unit)
+			return true
+		}) {
 			return false
 		}
 		if err == nil {
