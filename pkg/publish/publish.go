@@ -32,12 +32,11 @@ package publish
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
-	"hash/fnv"
 	"strconv"
 	"strings"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/pkg/shard"
 )
 
@@ -105,15 +104,13 @@ func (t Topology) Validate() error {
 
 // Partition is the partition of key: CRC-32 (IEEE) of the key mod N.
 func (t Topology) Partition(key string) int {
-	return int(crc32.ChecksumIEEE([]byte(key)) % uint32(t.Partitions))
+	return ownership.KeyPartition(key, t.Partitions)
 }
 
 // Shard is the shard of key: FNV-1a 32 of the key mod V, the hash of the
 // stream transform's partition(V, key).
 func (t Topology) Shard(key string) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(t.Shards))
+	return ownership.PartitionShard(key, t.Shards)
 }
 
 // Unit is the unit a row with key belongs to.
