@@ -76,7 +76,8 @@ type config struct {
 	handlerDelay time.Duration
 	// handlerDelayFile is a test knob too: while this file exists, the
 	// sink also waits the duration written in it before each write, so a
-	// test can slow one running worker down and speed it up again.
+	// test can slow one running worker down and speed it up again;
+	// removing the file ends the writes' waits at once.
 	handlerDelayFile string
 	fetchBatch       int
 	verbosity        int
@@ -136,7 +137,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
 	fs.IntVar(&c.fetchBatch, "fetch-batch", 64, "rows per pull")
 	fs.DurationVar(&c.handlerDelay, "handler-delay", envDuration(getenv, "WORKER_HANDLER_DELAY"), "test knob: wait this long before each sink write, like a slow sink (env WORKER_HANDLER_DELAY)")
-	fs.StringVar(&c.handlerDelayFile, "handler-delay-file", env("WORKER_HANDLER_DELAY_FILE", ""), "test knob: while this file exists, also wait the duration written in it before each sink write (env WORKER_HANDLER_DELAY_FILE)")
+	fs.StringVar(&c.handlerDelayFile, "handler-delay-file", env("WORKER_HANDLER_DELAY_FILE", ""), "test knob: while this file exists, also wait the duration written in it before each sink write; removing it ends the waits (env WORKER_HANDLER_DELAY_FILE)")
 	fs.IntVar(&c.verbosity, "v", 0, "log verbosity")
 	fs.StringVar(&c.strategy, "strategy", env("WORKER_STRATEGY", "sequenced"), "sequenced, or independent (a baseline for comparison) (env WORKER_STRATEGY)")
 	fs.IntVar(&c.partitions, "partitions", envInt(getenv, "PARTITIONS"), "independent strategy only: N (env PARTITIONS)")

@@ -90,12 +90,8 @@ func newSink(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer)
 // write is the worker's Handler: ack only after commit; leave a refused
 // (stale) row unsettled for its new owner; nak on a database error.
 func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
-	if d := s.delay + s.fileDelay(); d > 0 {
-		select {
-		case <-ctx.Done():
-			return worker.Nak
-		case <-time.After(d):
-		}
+	if !s.wait(ctx) {
+		return worker.Nak
 	}
 	args := append(worker.GuardArgs(row.Token), worker.DefaultRowID(row))
 	var before int
@@ -116,6 +112,46 @@ func (s *sink) write(ctx context.Context, row worker.Row) worker.Settlement {
 }
 
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+
+// fileDelayPoll is how often a write waiting on the delay file checks
+// that the file still holds a delay.
+const fileDelayPoll = 50 * time.Millisecond
+
+// wait waits the test knobs' delays before a write: the fixed delay, then
+// the file's for as long as the file still holds one, so a test that
+// removes the file lets every waiting write go on at once (a chaos test
+// keeps rows in flight until its SIGSTOP lands, then lets the resumed
+// handlers run into the fence). It reports false when ctx ended first.
+func (s *sink) wait(ctx context.Context) bool {
+	if !sleep(ctx, s.delay) {
+		return false
+	}
+	end := time.Now().Add(s.fileDelay())
+	for left := time.Until(end); left > 0; left = time.Until(end) {
+		if !sleep(ctx, min(left, fileDelayPoll)) {
+			return false
+		}
+		if s.fileDelay() == 0 {
+			return true
+		}
+	}
+	return true
+}
+
+// sleep waits d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
 
 // fileDelay reads the delay test knob's file: the duration written in it,
 // 0 when there is no file or it does not hold one.

@@ -20,7 +20,9 @@ const PublisherTTL = time.Minute
 func PublishersBucket(prefix string) string { return prefix + "_publishers" }
 
 // Acknowledge records that publisher now publishes to epoch (the number of
-// the active epoch whose N and V it uses; FromStatus gives both). Under
+// the active epoch whose N and V it uses; FromStatus gives both). Call it
+// only once every row published under an older epoch has its stream ack:
+// the operator takes it as the end of the publisher's rows there. Under
 // shardAssignment Publisher the operator retires the units a change
 // removed only once every publisher acknowledged within PublisherTTL names
 // the active epoch: a publisher still on the old one could send rows to a

@@ -163,6 +163,18 @@ func inFlight(procs []history.Process, member string, inc int64) map[string]time
 	return delivered
 }
 
+// deliveredSince keeps the rows of rows (from inFlight) delivered after
+// since.
+func deliveredSince(rows map[string]time.Time, since time.Time) map[string]time.Time {
+	out := map[string]time.Time{}
+	for id, at := range rows {
+		if at.After(since) {
+			out[id] = at
+		}
+	}
+	return out
+}
+
 // inFlightOf counts the rows of rows (from inFlight) that were delivered
 // from unit.
 func inFlightOf(rows map[string]time.Time, procs []history.Process, unit string) int {

@@ -293,18 +293,21 @@ func (s *scene) output(pod string) io.Writer {
 func (s *scene) delayFile(pod string) string { return filepath.Join(s.logDir, pod+".delay") }
 
 // slowSink makes pod's worker wait d before each sink write from now on;
-// d == 0 removes the delay.
-func (s *scene) slowSink(pod string, d time.Duration) {
+// d == 0 removes the delay and ends the writes' waits. It returns when
+// the change was made, for awaitInFlight.
+func (s *scene) slowSink(pod string, d time.Duration) time.Time {
 	s.t.Helper()
+	at := time.Now()
 	if d == 0 {
 		if err := os.Remove(s.delayFile(pod)); err != nil && !os.IsNotExist(err) {
 			s.t.Fatal(err)
 		}
-		return
+		return at
 	}
 	if err := os.WriteFile(s.delayFile(pod), []byte(d.String()), 0o644); err != nil {
 		s.t.Fatal(err)
 	}
+	return at
 }
 
 // createStatefulSet creates the worker StatefulSet (OnDelete, so only the

@@ -24,58 +24,53 @@ func (s *scene) flowBound() time.Duration { return leaseTTL + s.params.Grace + 5
 // so the others adopt the stopped worker's units meanwhile.
 func (s *scene) pauseLength() time.Duration { return leaseTTL + s.params.Grace + 3*time.Second }
 
-// pauseSinkDelay is how long each sink write waits before a pause: a row
-// seen in flight must still be in flight when the SIGSTOP lands, after
-// the histories are read again (a cold make test saw none at 2 s).
-const pauseSinkDelay = 5 * time.Second
-
 // pausedPastLease SIGSTOPs a worker past its lease and grace during a
 // freeze, during a claim step and during its own handover (a pod roll),
 // resumes it each time, and checks that the fault took effect (the pod
 // held units and rows were in flight when it stopped, others took units
 // over meanwhile) and that the resumed process delivered and settled
-// nothing under its old incarnation's claims. In the first two pauses the
-// sink is slow only until the process resumes, so the resumed handlers go
-// on to write and settle: the fence and the write guard must stop them.
+// nothing under its old incarnation's claims. The sink is slow only until
+// the SIGSTOP landed, so the resumed handlers go on to write and settle:
+// the fence and the write guard must stop them.
 func pausedPastLease(freezeTo, claimTo ownership.Topology) func(*scene) {
 	return func(s *scene) {
 		s.setShape(freezeTo)
 		s.awaitRegistry("the pending epoch", time.Minute, pendingIs(freezeTo))
-		s.pauseAndCheck("ingest-1", "during the freeze", pauseSinkDelay)
+		s.awaitInFlight("ingest-1", s.slowSink("ingest-1", time.Hour))
+		s.pauseAndCheck("ingest-1", "during the freeze")
 		s.waitReady(freezeTo, readyTimeout)
 
 		s.setShape(claimTo)
 		s.awaitRegistry("the new epoch active with units unowned", time.Minute, func(sn poolctl.Snapshot) bool {
 			return activeIs(claimTo)(sn) && s.someUnowned(claimTo)
 		})
-		s.pauseAndCheck("ingest-0", "during the claim step", pauseSinkDelay)
+		s.awaitInFlight("ingest-0", s.slowSink("ingest-0", time.Hour))
+		s.pauseAndCheck("ingest-0", "during the claim step")
 		s.waitReady(claimTo, readyTimeout)
 
 		// Its own handover lasts while rows wait in its slow sink.
-		s.slowSink("ingest-2", time.Hour)
-		s.awaitInFlight("ingest-2")
+		s.awaitInFlight("ingest-2", s.slowSink("ingest-2", time.Hour))
 		s.rollPods()
 		s.awaitStatus("ingest-2 HandingOver", 2*time.Minute, func(g sighting) bool { return g.podStep("ingest-2") == topologyv1.PodStepHandingOver })
-		s.pauseAndCheck("ingest-2", "during its own handover", 0)
+		s.pauseAndCheck("ingest-2", "during its own handover")
 		s.settle()
 	}
 }
 
 // pauseAndCheck SIGSTOPs pod past its lease and grace, resumes it, and
-// checks the resumed incarnation's history. A sinkDelay above zero makes
-// the sink slow until the pause, so rows are in flight when it begins.
+// checks the resumed incarnation's history. The caller slowed pod's sink
+// for an hour and saw rows in flight: they stay there until the SIGSTOP
+// landed, when pauseFor removes the delay, so the resumed handlers go on
+// to write and settle (a fixed delay of 5 s was not always enough under
+// CI load for a row seen in flight to still be there at the stop).
 // The fault must take effect: the pod held units and had rows in flight
 // when it stopped, and another member or incarnation took at least one of
 // its units during the pause. The resume instant is the process's own
 // first record after the pause (SIGCONT returns well after the process
 // runs again, and the kubelet also sends one on deletion).
-func (s *scene) pauseAndCheck(pod, when string, sinkDelay time.Duration) {
+func (s *scene) pauseAndCheck(pod, when string) {
 	s.t.Helper()
 	inc := s.incarnationOf(pod)
-	if sinkDelay > 0 {
-		s.slowSink(pod, sinkDelay)
-		s.awaitInFlight(pod)
-	}
 	var held []string
 	var rows map[string]time.Time
 	p := s.pauseFor(pod, s.pauseLength(), func() {
@@ -119,14 +114,15 @@ func (s *scene) kubeletRuns(pod string) bool {
 	return ok
 }
 
-// awaitInFlight waits until pod's current incarnation holds delivered,
-// unsettled rows (its sink was made slow).
-func (s *scene) awaitInFlight(pod string) map[string]time.Time {
+// awaitInFlight waits until pod's current incarnation holds rows
+// delivered since its sink was made slow and not settled yet. A row
+// delivered before may have been settled a moment later.
+func (s *scene) awaitInFlight(pod string, since time.Time) map[string]time.Time {
 	s.t.Helper()
 	inc := s.incarnationOf(pod)
 	var rows map[string]time.Time
 	s.eventually(time.Minute, func() error {
-		if rows = inFlight(s.histories(), pod, inc); len(rows) == 0 {
+		if rows = deliveredSince(inFlight(s.histories(), pod, inc), since); len(rows) == 0 {
 			// Which half is missing: units (Ready comes before every pod
 			// claimed; a joiner gets its share by handovers) or rows.
 			return fmt.Errorf("%s has no row in flight yet; it holds %v (registry)", pod, s.unitsOf(pod))
@@ -149,9 +145,9 @@ func killedMidHandover(reset bool) func(*scene) {
 		// CI run waited a minute for rows in flight of incarnation 0).
 		s.awaitEveryPodHolds(s.spec())
 		s.disturb()
-		s.slowSink(pod, time.Hour)
+		slowed := s.slowSink(pod, time.Hour)
 		inc := s.incarnationOf(pod)
-		s.awaitInFlight(pod)
+		s.awaitInFlight(pod, slowed)
 		takeovers := s.watchTakeovers()
 		s.rollPods()
 		s.awaitStatus(pod+" HandingOver", 2*time.Minute, func(g sighting) bool { return g.podStep(pod) == topologyv1.PodStepHandingOver })
@@ -219,7 +215,7 @@ func scaleDownHolderDies(to ownership.Topology, sig syscall.Signal) func(*scene)
 		leaving := ownership.Unit{Partition: from.Partitions - 1, Shard: from.Shards - 1}
 		holder := s.holderOf(leaving.String())
 		s.disturb()
-		s.slowSink(holder, 100*time.Millisecond)
+		slowed := s.slowSink(holder, 100*time.Millisecond)
 		burst := s.fleet.PublishBurst([]ownership.Unit{leaving}, 150)
 		s.setShape(to)
 		s.awaitRegistry("the smaller epoch active", time.Minute, activeIs(to))
@@ -228,7 +224,7 @@ func scaleDownHolderDies(to ownership.Topology, sig syscall.Signal) func(*scene)
 		}
 		pending := s.consumerRows(leaving)
 		inc := s.incarnationOf(holder)
-		s.awaitInFlight(holder)
+		s.awaitInFlight(holder, slowed)
 		old, _ := s.kubelet.Addr(holder)
 		s.signalPod(holder, sig)
 		// The fault must land mid-drain: rows of the leaving unit in the
@@ -331,12 +327,11 @@ func killedAndRestarted(mid *ownership.Topology) func(*scene) {
 		}
 		s.disturb()
 		// A slow sink keeps rows in the handler, so the kill lands with
-		// rows in flight; the restarted process is not slow. Two seconds
-		// a row: at 200 ms a cold make test once saw the row awaitInFlight
-		// found settled before the SIGKILL landed, and none after it.
+		// rows in flight; the restarted process is not slow. The sink
+		// waits until the kill (at 200 ms a row a cold make test once saw
+		// the row awaitInFlight found settled before the SIGKILL landed).
 		inc := s.incarnationOf(pod)
-		s.slowSink(pod, 2*time.Second)
-		s.awaitInFlight(pod)
+		s.awaitInFlight(pod, s.slowSink(pod, time.Hour))
 		held := len(s.unitsOf(pod))
 		old, _ := s.kubelet.Addr(pod)
 		s.signalPod(pod, syscall.SIGKILL)
