@@ -158,3 +158,52 @@ func DrainedTo(ctx context.Context, nc *nats.Conn, l Layout, p, s int, seq uint6
 	d.Drained = msg.Sequence > seq
 	return d, nil
 }
+
+// Mark is how far a unit's rows are known to be settled, as its holder
+// can say between batches under the order barrier of a change of N
+// (design.md section 8; not wired yet). There, rows of keys that move
+// into the unit arrive below its own switch S_p and wait in the holder,
+// unacknowledged, so the ack floor cannot pass S_p; the holder alone knows
+// which of the pending rows are such held rows.
+type Mark struct {
+	// Seq: every row of the unit at or below it is acknowledged or is one
+	// of the holder's held rows.
+	Seq uint64
+	// Exact: the consumer's pending rows were exactly the held ones, so
+	// Seq is the last row delivered; otherwise Seq is the ack floor.
+	Exact bool
+	// AckPending is the consumer's unacknowledged rows, as read.
+	AckPending int
+}
+
+// MarkOf reads unit (p, s)'s consumer for its holder, which holds held
+// rows, delivered and not acknowledged, and has no other row in flight
+// (between batches, every row of the last one settled or held).
+//
+// When the consumer's pending acknowledgements number exactly held, no
+// row outside the held ones is pending, so every row of the unit up to
+// the last one delivered (delivered.stream_seq; first deliveries come in
+// stream order) is acknowledged or held: the mark is that row. A held row
+// is always among the pending (nats-server keeps a row in o.pending until
+// it is acknowledged or terminated; a nak or an ack_wait expiry only
+// queues its redelivery). Otherwise something else is pending (a row the
+// previous holder left, a nak'd row waiting for redelivery) that the
+// holder may never have seen, and only the floor is safe: a mark built
+// from the rows a new holder saw would pass rows its predecessor left
+// unacknowledged, which come back after newer ones.
+//
+// The count proves something only while the caller is the unit's sole
+// holder: a stale holder's held rows may have been released and
+// acknowledged by its successor, and then the counts can match with
+// another row pending. Its answer counts only under the current claim.
+func MarkOf(ctx context.Context, nc *nats.Conn, l Layout, p, s, held int) (Mark, error) {
+	ref := l.ConsumerRef(Unit{Partition: p, Shard: s})
+	ci, err := jsAPI{nc}.consumerInfo(ctx, ref.Stream, ref.Name)
+	if err != nil {
+		return Mark{}, fmt.Errorf("read consumer %s: %w", ref, err)
+	}
+	if ci.NumAckPending == held {
+		return Mark{Seq: ci.Delivered.Stream, Exact: true, AckPending: ci.NumAckPending}, nil
+	}
+	return Mark{Seq: ci.AckFloor.Stream, AckPending: ci.NumAckPending}, nil
+}
