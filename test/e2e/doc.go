@@ -20,7 +20,8 @@
 // containers (it fails when `docker info` does);
 // TestInstallManifestIsAcceptedByTheAPIServer has the API server validate
 // dist/install.yaml, config/namespaced and config/samples.
-// TestKeyOrderAcrossAChangeOfV changes V under SubjectTransform with a
-// backlog in the old units and asserts what the per-key order check
-// finds (cross-unit inversions without an ordering barrier).
+// TestKeyOrderAcrossAChangeOfNOrV changes V (and, without a barrier, N)
+// under SubjectTransform with a backlog in the old units and asserts what
+// the per-key order check finds (cross-unit inversions without an
+// ordering barrier, none with one).
 package e2e

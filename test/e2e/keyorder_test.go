@@ -53,7 +53,8 @@ type keyOrderInput struct {
 // perKey declares spec.rollout.ordering PerKey.
 func perKey(st *topologyv1.ShardTopology) { st.Spec.Rollout.Ordering = topologyv1.OrderingPerKey }
 
-// The per-key order judge, on real parts: the operator (as its own
+// The per-key order judge across changes of V, and of N without a
+// barrier (PerKey does not order a change of N yet), on real parts: the operator (as its own
 // ServiceAccount), reference workers (pkg/worker) under the test kubelet,
 // a 3-server NATS cluster and PostgreSQL, SubjectTransform assignment,
 // a publisher of keyed rows (pkg/publish's subjects, a sequence per key).
@@ -72,9 +73,10 @@ func perKey(st *topologyv1.ShardTopology) { st.Spec.Rollout.Ordering = topologyv
 // of the verdict must be clean.
 //
 // checks P1, P2, P3
-func TestKeyOrderAcrossAChangeOfV(t *testing.T) {
+func TestKeyOrderAcrossAChangeOfNOrV(t *testing.T) {
 	v8, v12, v16 := ownership.Topology{Partitions: 2, Shards: 8}, ownership.Topology{Partitions: 2, Shards: 12}, ownership.Topology{Partitions: 2, Shards: 16}
 	v32, v48 := ownership.Topology{Partitions: 2, Shards: 32}, ownership.Topology{Partitions: 2, Shards: 48}
+	n4, n6 := ownership.Topology{Partitions: 4, Shards: 4}, ownership.Topology{Partitions: 6, Shards: 4}
 	cases := []keyOrderInput{
 		{Name: "V8->16 ordering None", From: v8, To: v16, Ordering: historycheck.OrderingNone, Backlog: 3000, MinBacklog: 1000},
 		{Name: "V8->16 ordering PerKey, old holder SIGKILLed mid-drain", From: v8, To: v16, Ordering: historycheck.OrderingPerKey, Spec: perKey,
@@ -90,6 +92,13 @@ func TestKeyOrderAcrossAChangeOfV(t *testing.T) {
 		// 640 a second, and a cold make test kept 5 rows of 16,000).
 		{Name: "V32->48 ordering None", From: v32, To: v48, Ordering: historycheck.OrderingNone, Backlog: 8000, MinBacklog: 1000, SinkDelay: 400 * time.Millisecond},
 		{Name: "V32->48 ordering PerKey", From: v32, To: v48, Ordering: historycheck.OrderingPerKey, Spec: perKey, Backlog: 8000, MinBacklog: 1000, SinkDelay: 400 * time.Millisecond},
+		// A change of N moves keys between partition streams as a change
+		// of V moves them between shards: the publisher switches after the
+		// activation and a moved key's new rows reach a unit with no
+		// backlog of its own. PerKey for a change of N is not built
+		// (refused at admission, design.md section 8): this row shows the
+		// check fires for it, for the PerKey row to come.
+		{Name: "N4->6 ordering None", From: n4, To: n6, Ordering: historycheck.OrderingNone, Backlog: 3000, MinBacklog: 1000},
 	}
 	for i, in := range cases {
 		t.Run(in.Name, func(t *testing.T) {
@@ -405,8 +414,8 @@ func summarize(ds []time.Duration) waits {
 }
 
 // costOf measures keyOrderCost from the evidence. A key moved when the
-// subject transform's partition function gives it another shard under
-// the new V.
+// new shape gives it another unit: another partition (the publisher's
+// CRC-32 over N) or another shard (the transform's FNV-1a over V).
 func costOf(in historycheck.Input, rows map[string]fleettest.PublishedRow, from, to ownership.Topology, activated time.Time) keyOrderCost {
 	delivered := firstRecords(in, history.KindDeliver)
 	var moved, unmoved []time.Duration
@@ -415,13 +424,19 @@ func costOf(in historycheck.Input, rows map[string]fleettest.PublishedRow, from,
 		if !ok || r.Acked.Before(activated) {
 			continue
 		}
-		if ownership.PartitionShard(r.Key, from.Shards) != ownership.PartitionShard(r.Key, to.Shards) {
+		if keyUnit(r.Key, from) != keyUnit(r.Key, to) {
 			moved = append(moved, at.Sub(r.Acked))
 		} else {
 			unmoved = append(unmoved, at.Sub(r.Acked))
 		}
 	}
 	return keyOrderCost{moved: summarize(moved), unmoved: summarize(unmoved)}
+}
+
+// keyUnit is the unit a row of key reaches under t with SubjectTransform
+// assignment.
+func keyUnit(key string, t ownership.Topology) ownership.Unit {
+	return ownership.Unit{Partition: ownership.KeyPartition(key, t.Partitions), Shard: ownership.PartitionShard(key, t.Shards)}
 }
 
 // barrierTimes splits what a moved key waits under PerKey into the parts
