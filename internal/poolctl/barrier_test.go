@@ -149,3 +149,107 @@ func orderBarrierLifecycle(t *testing.T, r testRegistry) {
 		}
 	}
 }
+
+// The registry side of a change of N's barrier, on PostgreSQL and on the
+// twin alike: its rows (old partitions, every shard, N before and after,
+// V unchanged) are written and read with the pending epoch, a change of
+// N and V at once or an old partition out of range is refused, and the
+// drained-to marks are written only under a valid claim token, only
+// raise, are read beside their unit's row and go with their barrier.
+func TestOrderBarrierOfAChangeOfNKeepsTheHoldersMarks(t *testing.T) {
+	forBackends(t, orderBarrierOfN)
+}
+
+func orderBarrierOfN(t *testing.T, r testRegistry) {
+	ctx := context.Background()
+	topo := newTopology(t, r, testParams, 4, 4)
+	a, err := r.Join(ctx, topo, "a")
+	must(t, err)
+	b, err := r.Join(ctx, topo, "b")
+	must(t, err)
+	ca, err := r.Claim(ctx, a.MemberRef, 1, "2.1")
+	must(t, err)
+	cb, err := r.Claim(ctx, b.MemberRef, 1, "0.3")
+	must(t, err)
+	op, _ := operatorBarrier(t, r, topo, "operator-0")
+	marks := r.(OrderMarks)
+
+	for _, bad := range []struct {
+		name               string
+		partitions, shards int
+		start              BarrierStart
+	}{
+		{"N and V at once", 6, 8, BarrierStart{FromPartitions: 4, FromShards: 4, Before: map[int]uint64{0: 0}, Predecessors: []int{0}}},
+		{"N unchanged", 4, 4, BarrierStart{FromPartitions: 4, FromShards: 4, Before: map[int]uint64{0: 0}, Predecessors: []int{0}}},
+		{"an old partition out of range", 6, 4, BarrierStart{FromPartitions: 4, FromShards: 4, Before: map[int]uint64{4: 0}, Predecessors: []int{0}}},
+	} {
+		_, err := op.CreateOrderedPending(ctx, topo, bad.partitions, bad.shards, bad.start)
+		wantErr(t, bad.name, err, ErrInvalid)
+	}
+
+	// 4 -> 6: old partitions 0-3 all feed a new one (gcd 2).
+	start := BarrierStart{FromPartitions: 4, FromShards: 4, Before: map[int]uint64{0: 0, 1: 0, 2: 0, 3: 0}, Predecessors: []int{0, 1, 2, 3}}
+	e2, err := op.CreateOrderedPending(ctx, topo, 6, 4, start)
+	must(t, err)
+	bar, err := op.OrderBarrier(ctx, topo)
+	must(t, err)
+	if bar == nil || !bar.ChangesN() || bar.FromPartitions != 4 || bar.ToPartitions != 6 || bar.FromShards != 4 || bar.ToShards != 4 || len(bar.Partitions) != 4 {
+		t.Fatalf("barrier %+v, want a change of N 4 -> 6 at V 4 over old partitions 0-3", bar)
+	}
+	if snap, err := r.Snapshot(ctx, topo); err != nil || snap.Barrier == nil || !snap.Barrier.ChangesN() || snap.Barrier.ToPartitions != 6 {
+		t.Fatalf("snapshot's barrier %+v, %v; want the change of N's", snap.Barrier, err)
+	}
+
+	markOf := func(p, s int) uint64 {
+		t.Helper()
+		bar, err := op.OrderBarrier(ctx, topo)
+		must(t, err)
+		pb, ok := bar.Partition(p)
+		if !ok {
+			t.Fatalf("no barrier rows for old partition %d", p)
+		}
+		for _, pr := range pb.Predecessors {
+			if pr.Shard == s {
+				return pr.Mark
+			}
+		}
+		t.Fatalf("no barrier row for unit %d.%d", p, s)
+		return 0
+	}
+	must(t, marks.MarkDrained(ctx, ca.Token, e2, 40))
+	must(t, marks.MarkDrained(ctx, ca.Token, e2, 30)) // lower: kept at 40
+	if got := markOf(2, 1); got != 40 {
+		t.Fatalf("unit 2.1's mark %d, want 40 (a lower one does not lower it)", got)
+	}
+	if got := markOf(0, 3); got != 0 {
+		t.Fatalf("unit 0.3's mark %d before its holder recorded one, want 0", got)
+	}
+	// Another member's token for a unit it does not hold is refused.
+	forged := cb.Token
+	forged.Unit = "2.1"
+	wantErr(t, "a mark under another member's token", marks.MarkDrained(ctx, forged, e2, 90), ErrStaleEpoch)
+	// So is the holder's token once it released the unit.
+	must(t, r.Release(ctx, cb.Token))
+	wantErr(t, "a mark under a released token", marks.MarkDrained(ctx, cb.Token, e2, 90), ErrStaleEpoch)
+	if got := markOf(0, 3); got != 0 {
+		t.Fatalf("unit 0.3's mark %d after refused writes, want 0", got)
+	}
+
+	// The next change's barrier drops this one's marks.
+	must(t, op.Retire(ctx, topo, e2))
+	e3, err := op.CreateOrderedPending(ctx, topo, 6, 4, start)
+	must(t, err)
+	if e3 == e2 {
+		t.Fatalf("the next change reused epoch %d", e2)
+	}
+	if got := markOf(2, 1); got != 0 {
+		t.Fatalf("unit 2.1's mark %d under the next change's barrier, want 0 (the earlier barrier's mark is gone)", got)
+	}
+	if pg, ok := r.(*PG); ok {
+		var n int
+		must(t, pg.Pool().QueryRow(ctx, `SELECT count(*) FROM shardkeeper.order_marks WHERE topology = $1 AND epoch = $2`, topo, e2).Scan(&n))
+		if n != 0 {
+			t.Fatalf("%d marks of epoch %d's barrier left after epoch %d's was written", n, e2, e3)
+		}
+	}
+}

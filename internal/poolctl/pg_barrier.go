@@ -10,21 +10,36 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// OrderBarrier is the order barrier of one change of V (issue 24): for
-// every partition, the old shards whose keys moved to other shards (the
-// predecessors), the stream sequence at which the subject transform
-// switched, and which predecessors acknowledged every row at or below it.
+// OrderBarrier is the order barrier of one change of V or of N (issue
+// 24): for every partition, the old units whose keys moved (the
+// predecessors), the stream sequence up to which their rows are the old
+// shape's, and which predecessors acknowledged every row at or below it.
 // A moved key's rows wait in its new unit while its predecessor is not
-// lifted (ownership.Predecessors says which new shards each old shard
-// feeds).
+// lifted.
+//
+// A change of V (FromPartitions 0): a partition's predecessors are its
+// old shards whose keys move to other shards (ownership.Predecessors),
+// and its switch is where the subject transform moved. A change of N
+// (FromPartitions and ToPartitions set, V unchanged; registry only, the
+// operator does not write one yet): Partitions are the old partitions
+// whose keys move (ownership.PartitionPredecessors), a predecessor is the
+// shard s of old unit (p, s), and the switch is S_p, the stream's last
+// row once every publisher acknowledged the new epoch.
 type OrderBarrier struct {
 	// Epoch is the epoch whose activation moved the keys.
 	Epoch int64
-	// FromShards and ToShards are V before and after the change.
+	// FromShards and ToShards are V before and after the change (equal
+	// for a change of N).
 	FromShards, ToShards int
+	// FromPartitions and ToPartitions are N before and after a change of
+	// N; both 0 for a change of V.
+	FromPartitions, ToPartitions int
 	// Partitions are sorted by partition.
 	Partitions []PartitionBarrier
 }
+
+// ChangesN reports whether b is the barrier of a change of N.
+func (b *OrderBarrier) ChangesN() bool { return b.FromPartitions != 0 }
 
 // PartitionBarrier is one partition stream's part of an OrderBarrier.
 type PartitionBarrier struct {
@@ -46,6 +61,10 @@ type BarrierPredecessor struct {
 	// LiftedAt is when the operator found the shard's consumer had
 	// acknowledged every row at or below SwitchSeq; zero while it waits.
 	LiftedAt time.Time
+	// Mark is the unit's drained-to mark under a change of N
+	// (OrderMarks): every row of the unit at or below it is acknowledged
+	// or is a moved-in key's row its holder holds. 0: none recorded.
+	Mark uint64
 }
 
 // Lifted reports whether the predecessor was lifted.
@@ -93,11 +112,15 @@ func (p PartitionBarrier) Lifted(s int) bool {
 	return true
 }
 
-// BarrierStart is the order barrier a change of V starts with: the old
-// V, per partition a stream sequence read while the transform routes over
-// it, and the old shards whose keys move.
+// BarrierStart is the order barrier a change starts with. A change of V:
+// the old V, per partition a stream sequence read while the transform
+// routes over it, and the old shards whose keys move. A change of N: the
+// old N and V (unchanged), the old partitions whose keys move (Before's
+// keys, each 0: no transform moves), and every shard.
 type BarrierStart struct {
 	FromShards int
+	// FromPartitions is the old N of a change of N, 0 for a change of V.
+	FromPartitions int
 	// Before maps each partition to its stream's last sequence, read
 	// before the pending epoch is written (the transform then still
 	// routes over FromShards, and does until the activation).
@@ -107,24 +130,44 @@ type BarrierStart struct {
 	Predecessors []int
 }
 
-// validate checks b for a change to toShards.
-func (b BarrierStart) validate(topology string, toShards int) error {
-	if b.FromShards < 1 || b.FromShards > 1024 || b.FromShards == toShards {
-		return fmt.Errorf("order barrier of %s (%d -> %d shards): %w", topology, b.FromShards, toShards, ErrInvalid)
+// validate checks b for a change to toPartitions x toShards.
+func (b BarrierStart) validate(topology string, toPartitions, toShards int) error {
+	switch {
+	case b.FromShards < 1 || b.FromShards > 1024:
+		return fmt.Errorf("order barrier of %s: %d old shards: %w", topology, b.FromShards, ErrInvalid)
+	case b.FromPartitions == 0 && b.FromShards == toShards:
+		return fmt.Errorf("order barrier of %s (%d -> %d shards): V does not change: %w", topology, b.FromShards, toShards, ErrInvalid)
+	case b.FromPartitions != 0 && (b.FromPartitions < 1 || b.FromPartitions > 1024 || b.FromPartitions == toPartitions || b.FromShards != toShards):
+		return fmt.Errorf("order barrier of %s (%dx%d -> %dx%d): a change of N must change N alone: %w",
+			topology, b.FromPartitions, b.FromShards, toPartitions, toShards, ErrInvalid)
 	}
 	for _, s := range b.Predecessors {
 		if s < 0 || s >= b.FromShards {
 			return fmt.Errorf("order barrier of %s: predecessor %d outside [0, %d): %w", topology, s, b.FromShards, ErrInvalid)
 		}
 	}
+	for p := range b.Before {
+		if b.FromPartitions != 0 && (p < 0 || p >= b.FromPartitions) {
+			return fmt.Errorf("order barrier of %s: old partition %d outside [0, %d): %w", topology, p, b.FromPartitions, ErrInvalid)
+		}
+	}
 	return nil
+}
+
+// nullablePartitions is N for the barrier rows: NULL for a change of V.
+func nullablePartitions(n int) *int32 {
+	if n == 0 {
+		return nil
+	}
+	v := int32(n)
+	return &v
 }
 
 // OrderBarriers is the registry side of the order barrier. PG implements
 // it; the writes are operator writes (fenced by the operator token).
 type OrderBarriers interface {
-	// CreateOrderedPending is CreatePending for a change of V that keeps
-	// per-key order: the new pending epoch and its barrier (nothing
+	// CreateOrderedPending is CreatePending for a change of V (or, in the
+	// registry only so far, of N) that keeps per-key order: the new pending epoch and its barrier (nothing
 	// lifted, no switch recorded) are written together, deleting every
 	// earlier epoch's barrier, so every snapshot that shows the epoch
 	// pending shows its barrier, and every freeze acknowledgement is
@@ -148,19 +191,22 @@ var _ OrderBarriers = (*PG)(nil)
 
 // createOrderedPendingSQL is createPendingSQL that also writes the new
 // epoch's barrier rows ($4 from_shards; $5, $6 partitions and their
-// before sequences; $7 predecessors) and deletes earlier epochs' rows,
-// only when it created the epoch.
+// before sequences; $7 predecessors; $8 from_partitions, NULL for a
+// change of V) and deletes earlier epochs' rows and marks, only when it
+// created the epoch.
 const createOrderedPendingSQL = createPendingCTEs + `,
 	del AS (DELETE FROM shardkeeper.order_barriers WHERE topology = $1 AND epoch < (SELECT epoch FROM ins)),
+	delm AS (DELETE FROM shardkeeper.order_marks WHERE topology = $1 AND epoch < (SELECT epoch FROM ins)),
 	bar AS (
-		INSERT INTO shardkeeper.order_barriers (topology, epoch, from_shards, to_shards, partition, predecessor, before_seq)
-		SELECT $1, ins.epoch, $4, $3, b.partition, pr, b.before_seq
+		INSERT INTO shardkeeper.order_barriers (topology, epoch, from_shards, to_shards, partition, predecessor, before_seq,
+		                                        from_partitions, to_partitions)
+		SELECT $1, ins.epoch, $4, $3, b.partition, pr, b.before_seq, $8::int, CASE WHEN $8::int IS NULL THEN NULL ELSE $2::int END
 		  FROM ins, unnest($5::int[], $6::bigint[]) AS b(partition, before_seq), unnest($7::int[]) AS pr)` + createPendingResult
 
 // CreateOrderedPending implements OrderBarriers in one fenced pipeline
 // under the topology row's lock.
 func (p *PG) CreateOrderedPending(ctx context.Context, topology string, partitions, shards int, b BarrierStart) (int64, error) {
-	if err := b.validate(topology, shards); err != nil {
+	if err := b.validate(topology, partitions, shards); err != nil {
 		return 0, err
 	}
 	parts := make([]int32, 0, len(b.Before))
@@ -177,7 +223,7 @@ func (p *PG) CreateOrderedPending(ctx context.Context, topology string, partitio
 		preds[i] = int32(s)
 	}
 	return p.createPending(ctx, topology, partitions, shards, func(bt *pgx.Batch) {
-		bt.Queue(createOrderedPendingSQL, topology, partitions, shards, b.FromShards, parts, before, preds)
+		bt.Queue(createOrderedPendingSQL, topology, partitions, shards, b.FromShards, parts, before, preds, nullablePartitions(b.FromPartitions))
 	})
 }
 
@@ -221,24 +267,34 @@ func (p *PG) LiftPredecessors(ctx context.Context, topology string, epoch int64,
 	return nil
 }
 
+// barrierRowsJSON aggregates the order_barriers rows b (with their marks)
+// into the JSON array barrierOf reads; the caller names b in its FROM.
+const barrierRowsJSON = `coalesce(json_agg(json_build_object(
+	         'epoch', b.epoch, 'from', b.from_shards, 'to', b.to_shards, 'partition', b.partition, 'predecessor', b.predecessor,
+	         'before', b.before_seq, 'switch', b.switch_seq, 'liftedAt', b.lifted_at,
+	         'fromPartitions', b.from_partitions, 'toPartitions', b.to_partitions,
+	         'mark', (SELECT m.drained_to FROM shardkeeper.order_marks m
+	                   WHERE m.topology = b.topology AND m.epoch = b.epoch AND m.unit = b.partition || '.' || b.predecessor))
+	       ORDER BY b.partition, b.predecessor), '[]'::json)`
+
 // orderBarrierSQL reads the latest epoch's barrier as JSON rows.
 const orderBarrierSQL = `
-	WITH b AS (SELECT * FROM shardkeeper.order_barriers WHERE topology = $1
-	            AND epoch = (SELECT max(epoch) FROM shardkeeper.order_barriers WHERE topology = $1))
-	SELECT coalesce(json_agg(json_build_object(
-	         'epoch', epoch, 'from', from_shards, 'to', to_shards, 'partition', partition, 'predecessor', predecessor,
-	         'before', before_seq, 'switch', switch_seq, 'liftedAt', lifted_at) ORDER BY partition, predecessor), '[]'::json)
-	  FROM b`
+	SELECT ` + barrierRowsJSON + `
+	  FROM shardkeeper.order_barriers b WHERE b.topology = $1
+	   AND b.epoch = (SELECT max(epoch) FROM shardkeeper.order_barriers WHERE topology = $1)`
 
 type barrierRow struct {
-	Epoch       int64      `json:"epoch"`
-	From        int        `json:"from"`
-	To          int        `json:"to"`
-	Partition   int        `json:"partition"`
-	Predecessor int        `json:"predecessor"`
-	Before      uint64     `json:"before"`
-	Switch      *uint64    `json:"switch"`
-	LiftedAt    *time.Time `json:"liftedAt"`
+	Epoch          int64      `json:"epoch"`
+	From           int        `json:"from"`
+	To             int        `json:"to"`
+	Partition      int        `json:"partition"`
+	Predecessor    int        `json:"predecessor"`
+	Before         uint64     `json:"before"`
+	Switch         *uint64    `json:"switch"`
+	LiftedAt       *time.Time `json:"liftedAt"`
+	FromPartitions *int       `json:"fromPartitions"`
+	ToPartitions   *int       `json:"toPartitions"`
+	Mark           *uint64    `json:"mark"`
 }
 
 // OrderBarrier implements OrderBarriers in one statement.
@@ -261,6 +317,9 @@ func barrierOf(rows []barrierRow) *OrderBarrier {
 		return nil
 	}
 	b := &OrderBarrier{Epoch: rows[0].Epoch, FromShards: rows[0].From, ToShards: rows[0].To}
+	if rows[0].FromPartitions != nil && rows[0].ToPartitions != nil {
+		b.FromPartitions, b.ToPartitions = *rows[0].FromPartitions, *rows[0].ToPartitions
+	}
 	for _, r := range rows {
 		if n := len(b.Partitions); n == 0 || b.Partitions[n-1].Partition != r.Partition {
 			pb := PartitionBarrier{Partition: r.Partition, BeforeSeq: r.Before}
@@ -273,8 +332,61 @@ func barrierOf(rows []barrierRow) *OrderBarrier {
 		if r.LiftedAt != nil {
 			pr.LiftedAt = *r.LiftedAt
 		}
+		if r.Mark != nil {
+			pr.Mark = *r.Mark
+		}
 		pb := &b.Partitions[len(b.Partitions)-1]
 		pb.Predecessors = append(pb.Predecessors, pr)
 	}
 	return b
+}
+
+// OrderMarks is the worker side of the order barrier of a change of N:
+// the holder of an old unit records how far its rows are settled
+// (natsops.MarkOf), under its claim token.
+type OrderMarks interface {
+	// MarkDrained records that every row of t's unit at or below seq is
+	// acknowledged or held as a moved-in key's row, for the barrier of
+	// epoch. A guarded write: refused with a *StaleEpochError unless the
+	// token is valid; a lower mark than the one recorded changes nothing.
+	MarkDrained(ctx context.Context, t Token, epoch int64, seq uint64) error
+}
+
+var _ OrderMarks = (*PG)(nil)
+
+// MarkDrained implements OrderMarks: a guarded write in one statement.
+func (p *PG) MarkDrained(ctx context.Context, t Token, epoch int64, seq uint64) error {
+	var (
+		now  *time.Time
+		done *int
+		c    claimScan
+		ow   memberScan
+	)
+	err := p.pool.QueryRow(ctx, tokenReadSQL+`,
+		ok AS (
+			SELECT 1 FROM shardkeeper.claims cl, t, shardkeeper.members m
+			 WHERE cl.topology = $1 AND cl.unit = $2 AND cl.owner = $3 AND cl.fencing_epoch = $4 AND cl.state <> 'free'
+			   AND m.topology = cl.topology AND m.member = cl.owner AND m.incarnation = cl.owner_incarnation
+			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
+			   FOR SHARE OF cl),
+		upd AS (
+			INSERT INTO shardkeeper.order_marks AS om (topology, epoch, unit, drained_to, member, claim_epoch, marked_at)
+			SELECT $1, $5, $2, $6, $3, $4, t.now FROM t WHERE EXISTS (SELECT 1 FROM ok)
+			ON CONFLICT (topology, epoch, unit) DO UPDATE
+			   SET drained_to = greatest(om.drained_to, EXCLUDED.drained_to), member = EXCLUDED.member,
+			       claim_epoch = EXCLUDED.claim_epoch, marked_at = EXCLUDED.marked_at
+			RETURNING 1 AS done)
+		SELECT t.now, upd.done, `+claimCols("c")+`, `+memberCols("ow")+`
+		  FROM t LEFT JOIN c ON true LEFT JOIN ow ON true LEFT JOIN upd ON true`,
+		t.Topology, t.Unit, t.Member, t.Epoch, epoch, int64(seq)).Scan(scanAll([]any{&now, &done}, c.dest(), ow.dest())...)
+	if err != nil {
+		return fmt.Errorf("mark %s drained to %d (barrier of epoch %d): %w", t.Unit, seq, epoch, err)
+	}
+	if err := topologyErr(t.Topology, now); err != nil {
+		return err
+	}
+	if done == nil {
+		return fmt.Errorf("mark %s drained: %w", t.Unit, refusal(tokenValid(t, c.row(), ow.row(), *now)))
+	}
+	return nil
 }

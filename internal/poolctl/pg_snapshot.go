@@ -41,9 +41,7 @@ var snapshotSQL = `
 	     FROM shardkeeper.members m WHERE m.topology = t.topology),
 	  (SELECT coalesce(json_agg(ru.unit ORDER BY ru.unit COLLATE "C"), '[]'::json)
 	     FROM shardkeeper.retiring_units ru WHERE ru.topology = t.topology),
-	  (SELECT coalesce(json_agg(json_build_object(
-	      'epoch', b.epoch, 'from', b.from_shards, 'to', b.to_shards, 'partition', b.partition, 'predecessor', b.predecessor,
-	      'before', b.before_seq, 'switch', b.switch_seq, 'liftedAt', b.lifted_at) ORDER BY b.partition, b.predecessor), '[]'::json)
+	  (SELECT ` + barrierRowsJSON + `
 	     FROM shardkeeper.order_barriers b
 	     JOIN shardkeeper.epochs e ON e.topology = b.topology AND e.epoch = b.epoch AND e.state IN ('active', 'pending')
 	    WHERE b.topology = t.topology),

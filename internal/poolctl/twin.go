@@ -46,6 +46,9 @@ type twinTopology struct {
 	// barrier are the order barrier's rows, sorted by epoch, partition
 	// and predecessor (twin_barrier.go).
 	barrier []barrierRow
+	// marks are the drained-to marks of a change of N, by barrier epoch
+	// and unit (twin_barrier.go).
+	marks   map[markKey]uint64
 	history twinHistory
 }
 

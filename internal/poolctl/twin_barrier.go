@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -14,16 +15,21 @@ var _ OrderBarriers = (*Twin)(nil)
 
 // CreateOrderedPending implements OrderBarriers.
 func (t *Twin) CreateOrderedPending(_ context.Context, topology string, partitions, shards int, b BarrierStart) (int64, error) {
-	if err := b.validate(topology, shards); err != nil {
+	if err := b.validate(topology, partitions, shards); err != nil {
 		return 0, err
 	}
 	return t.createPendingWith(topology, partitions, shards, func(tp *twinTopology, epoch int64) {
 		tp.barrier = slices.DeleteFunc(tp.barrier, func(r barrierRow) bool { return r.Epoch < epoch })
+		maps.DeleteFunc(tp.marks, func(k markKey, _ uint64) bool { return k.epoch < epoch })
+		var fromN, toN *int
+		if b.FromPartitions != 0 {
+			fromN, toN = &b.FromPartitions, &partitions
+		}
 		for part, before := range b.Before {
 			for _, pr := range b.Predecessors {
 				if tp.barrierRow(epoch, part, pr) == nil {
 					tp.barrier = append(tp.barrier, barrierRow{Epoch: epoch, From: b.FromShards, To: shards,
-						Partition: part, Predecessor: pr, Before: before})
+						Partition: part, Predecessor: pr, Before: before, FromPartitions: copyPtr(fromN), ToPartitions: copyPtr(toN)})
 				}
 			}
 		}
@@ -121,10 +127,41 @@ func (tp *twinTopology) barrierOf(keep func(epoch int64) bool) *OrderBarrier {
 	for _, r := range tp.barrier {
 		if keep(r.Epoch) {
 			r.Switch, r.LiftedAt = copyPtr(r.Switch), copyPtr(r.LiftedAt)
+			r.FromPartitions, r.ToPartitions = copyPtr(r.FromPartitions), copyPtr(r.ToPartitions)
+			if m, ok := tp.marks[markKey{r.Epoch, fmt.Sprintf("%d.%d", r.Partition, r.Predecessor)}]; ok {
+				r.Mark = &m
+			}
 			rows = append(rows, r)
 		}
 	}
 	return barrierOf(rows)
+}
+
+// markKey names a drained-to mark: the barrier's epoch and the unit.
+type markKey struct {
+	epoch int64
+	unit  string
+}
+
+var _ OrderMarks = (*Twin)(nil)
+
+// MarkDrained implements OrderMarks.
+func (t *Twin) MarkDrained(_ context.Context, tok Token, epoch int64, seq uint64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tp, err := t.topo(tok.Topology)
+	if err != nil {
+		return err
+	}
+	if err := t.valid(tp, tok, tp.claims[tok.Unit]); err != nil {
+		return fmt.Errorf("mark %s drained: %w", tok.Unit, err)
+	}
+	if tp.marks == nil {
+		tp.marks = map[markKey]uint64{}
+	}
+	k := markKey{epoch, tok.Unit}
+	tp.marks[k] = max(tp.marks[k], seq)
+	return nil
 }
 
 func copyPtr[T any](p *T) *T {
