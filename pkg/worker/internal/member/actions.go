@@ -236,12 +236,15 @@ type Permission struct {
 // Rows at or below the switch were routed by the old transform (or their
 // key did not move), so they never wait; neither do unmoved keys. While
 // the switch is not recorded yet, every row above the sequence read
-// before it whose key moved waits.
+// before it whose key moved waits. A change of N: holdsForN.
 func (p *Permission) Holds(u ownership.Unit, seq uint64, key string) bool {
 	if p == nil || p.Barrier == nil {
 		return false
 	}
 	b := p.Barrier
+	if b.ChangesN() {
+		return holdsForN(b, u, key)
+	}
 	pb, ok := b.Partition(u.Partition)
 	if !ok || u.Shard >= b.ToShards {
 		return false
@@ -251,6 +254,23 @@ func (p *Permission) Holds(u ownership.Unit, seq uint64, key string) bool {
 	}
 	old, moved := ownership.MovedFrom(key, b.FromShards, u.Shard)
 	return moved && !pb.Lifted(old)
+}
+
+// holdsForN is Holds under the barrier of a change of N (not written by
+// the operator yet): a row of a key whose old partition is not u's can
+// only have been published under the new N (no publisher on the old one
+// sends the key to u), whatever its sequence, so it waits while the key's
+// old unit, in the same shard, is not lifted.
+func holdsForN(b *poolctl.OrderBarrier, u ownership.Unit, key string) bool {
+	if u.Partition >= b.ToPartitions || u.Shard >= b.ToShards {
+		return false
+	}
+	old, moved := ownership.MovedFromPartition(key, b.FromPartitions, u.Partition)
+	if !moved {
+		return false
+	}
+	pb, ok := b.Partition(old)
+	return ok && !pb.Lifted(u.Shard)
 }
 
 // Allows is the per-row P1 check: one map read and one comparison of now

@@ -106,3 +106,75 @@ func TestTheCorePublishesTheBarrierItReads(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// barrierN4to6 is the barrier of a change of N 4 -> 6 at V 4: old
+// partitions 0-3, every shard, with old units lifted as given.
+func barrierN4to6(lifted ...ownership.Unit) *poolctl.OrderBarrier {
+	b := &poolctl.OrderBarrier{Epoch: 2, FromShards: 4, ToShards: 4, FromPartitions: 4, ToPartitions: 6}
+	for p := range 4 {
+		pb := poolctl.PartitionBarrier{Partition: p, Switched: true, SwitchSeq: 1000}
+		for s := range 4 {
+			pr := poolctl.BarrierPredecessor{Shard: s}
+			for _, l := range lifted {
+				if l == (ownership.Unit{Partition: p, Shard: s}) {
+					pr.LiftedAt = time.Unix(1, 0)
+				}
+			}
+			pb.Predecessors = append(pb.Predecessors, pr)
+		}
+		b.Partitions = append(b.Partitions, pb)
+	}
+	return b
+}
+
+// keyForN finds a key in shard shard (of V 4) that a change of N moves
+// from partition old (of 4) to neu (of 6).
+func keyForN(t *testing.T, old, neu, shard int) string {
+	t.Helper()
+	for i := range 100000 {
+		k := fmt.Sprintf("k%d", i)
+		if ownership.KeyPartition(k, 4) == old && ownership.KeyPartition(k, 6) == neu && ownership.PartitionShard(k, 4) == shard {
+			return k
+		}
+	}
+	t.Fatalf("no key of shard %d moves from partition %d to %d", shard, old, neu)
+	return ""
+}
+
+// Under a change of N a moved key's row waits in its new partition at any
+// sequence (publishers switch one by one: no sequence splits the stream),
+// until its old unit in the same shard is lifted; unmoved keys never wait,
+// and the units that feed each other (0 and 2 in 4 -> 6) hold only the
+// keys moving in.
+func TestPermissionHoldsAMovedKeysRowsUnderAChangeOfNUntilItsOldUnitIsLifted(t *testing.T) {
+	into0 := keyForN(t, 2, 0, 1) // 2.1 -> 0.1
+	into2 := keyForN(t, 0, 2, 1) // 0.1 -> 2.1
+	into4 := keyForN(t, 0, 4, 3) // 0.3 -> 4.3
+	stays := keyForN(t, 1, 1, 2) // stays in 1.2
+	u := func(p, s int) ownership.Unit { return ownership.Unit{Partition: p, Shard: s} }
+	tests := []struct {
+		name    string
+		barrier *poolctl.OrderBarrier
+		unit    ownership.Unit
+		seq     uint64
+		key     string
+		want    bool
+	}{
+		{"a key moved into an old partition waits for its old unit", barrierN4to6(), u(0, 1), 5, into0, true},
+		{"at any sequence, below the old stream's S too", barrierN4to6(), u(0, 1), 1, into0, true},
+		{"and the unit it came from holds the keys moving the other way", barrierN4to6(), u(2, 1), 7, into2, true},
+		{"it flows once its old unit is lifted", barrierN4to6(u(2, 1)), u(0, 1), 5, into0, false},
+		{"another shard's lift of the same old partition does not free it", barrierN4to6(u(2, 0), u(2, 2), u(2, 3)), u(0, 1), 5, into0, true},
+		{"a key moved into a new partition waits too", barrierN4to6(), u(4, 3), 3, into4, true},
+		{"an unmoved key never waits", barrierN4to6(), u(1, 2), 5, stays, false},
+		{"a key the old shape routed to the unit is not held there", barrierN4to6(), u(2, 1), 5, into0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &Permission{Barrier: tt.barrier}
+			if got := p.Holds(tt.unit, tt.seq, tt.key); got != tt.want {
+				t.Fatalf("Holds(%s, %d, %q) = %v, want %v", tt.unit, tt.seq, tt.key, got, tt.want)
+			}
+		})
+	}
+}
