@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // What the order barrier of a change of V (issue 24, design.md section 8)
@@ -176,7 +177,7 @@ type Mark struct {
 	AckPending int
 }
 
-// MarkOf reads unit (p, s)'s consumer for its holder, which holds held
+// MarkOf reads a unit's consumer for its holder, which holds held
 // rows, delivered and not acknowledged, and has no other row in flight
 // (between batches, every row of the last one settled or held).
 //
@@ -196,12 +197,12 @@ type Mark struct {
 // holder: a stale holder's held rows may have been released and
 // acknowledged by its successor, and then the counts can match with
 // another row pending. Its answer counts only under the current claim.
-func MarkOf(ctx context.Context, nc *nats.Conn, l Layout, p, s, held int) (Mark, error) {
-	ref := l.ConsumerRef(Unit{Partition: p, Shard: s})
-	ci, err := jsAPI{nc}.consumerInfo(ctx, ref.Stream, ref.Name)
+func MarkOf(ctx context.Context, js jetstream.JetStream, ref ConsumerRef, held int) (Mark, error) {
+	c, err := js.Consumer(ctx, ref.Stream, ref.Name)
 	if err != nil {
 		return Mark{}, fmt.Errorf("read consumer %s: %w", ref, err)
 	}
+	ci := c.CachedInfo() // read by the lookup just made
 	if ci.NumAckPending == held {
 		return Mark{Seq: ci.Delivered.Stream, Exact: true, AckPending: ci.NumAckPending}, nil
 	}

@@ -32,7 +32,7 @@ func TestMarkOfIsExactOnlyWhenThePendingRowsAreTheHeldOnes(t *testing.T) {
 	}
 	mark := func(s, held int) Mark {
 		t.Helper()
-		m, err := MarkOf(ctx, nc, l, 0, s, held)
+		m, err := MarkOf(ctx, js, l.ConsumerRef(Unit{Partition: 0, Shard: s}), held)
 		if err != nil {
 			t.Fatal(err)
 		}

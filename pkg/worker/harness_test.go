@@ -102,6 +102,11 @@ func (r *faultyRegistry) laneLog() []string {
 	return append([]string(nil), r.lane...)
 }
 
+// MarkDrained passes to the inner registry (PostgreSQL keeps the marks).
+func (r *faultyRegistry) MarkDrained(ctx context.Context, t poolctl.Token, epoch int64, seq uint64) error {
+	return r.Registry.(poolctl.OrderMarks).MarkDrained(ctx, t, epoch, seq)
+}
+
 func (r *faultyRegistry) Rejoin(ctx context.Context, m poolctl.MemberRef, process string) (poolctl.Lease, error) {
 	r.logLane("join")
 	return r.Registry.Rejoin(ctx, m, process)

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -630,4 +631,139 @@ func TestPerKeyBarrierHoldingMoreThanOneThousandRowsLetsUnmovedKeysFlow(t *testi
 	if inv := log.inversions(); len(inv) > 0 {
 		t.Fatalf("%d cross-unit per-key inversions: %v", len(inv), inv[:min(5, len(inv))])
 	}
+}
+
+// A change of N from 2 to 3 partitions (V 1) under the registry's
+// barrier of a change of N, on pkg/worker and the real parts, the test
+// acting as the operator (which does not write such a barrier yet). Units
+// 0.0 and 1.0 feed each other (gcd 1: a key can move 0 -> 1 or 1 -> 0).
+// Publishers switch one by one: a switched one sends a moved key's new row
+// into the other old partition, where the worker holds it, and then a
+// publisher not yet switched sends a row of its own key after it, below
+// that stream's S_p. So each old unit holds a row below its own S_p: its
+// ack floor stays below S_p and the floor alone never lifts it (asserted:
+// the mutual wait the mark exists for). The holders' drained-to marks
+// must pass S_p, and once the test lifts by them the held rows flow, in
+// key order.
+func TestAChangeOfNsOldUnitsMarkPastTheRowsTheyHold(t *testing.T) {
+	ctx := context.Background()
+	f := fleettest.Start(t, fleettest.Options{Partitions: 2, Shards: 1, Servers: 1, AckWait: 30 * time.Second, Assignment: natsops.AssignByTransform})
+	nc := f.NATS.Connect(0)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := newOrderLog()
+	s := startSDK(t, f, "w-0", log.gatedHandler(-1, nil), func(o *worker.Options) { o.FetchWait = 200 * time.Millisecond })
+	waitHolding(t, s, 30*time.Second, "0.0", "1.0")
+
+	// keyMoving finds a key the change moves from partition from to to
+	// (or keeps there, from == to).
+	keyMoving := func(from, to int, not ...string) string {
+		for i := 0; ; i++ {
+			k := fmt.Sprintf("acct%d", i)
+			if ownership.KeyPartition(k, 2) == from && ownership.KeyPartition(k, 3) == to && !slices.Contains(not, k) {
+				return k
+			}
+		}
+	}
+	k01, k10 := keyMoving(0, 1), keyMoving(1, 0)         // the switched publisher's keys
+	slow0, slow1 := keyMoving(0, 0), keyMoving(1, 1, k10) // the slow publisher's
+	publish := func(p int, key string, seq int) uint64 {
+		t.Helper()
+		ack, err := js.Publish(ctx, f.Layout.RowSubject(p, key), []byte(fmt.Sprint(seq)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	keys := []string{k01, k10, slow0, slow1}
+	for seq := range 3 {
+		for _, k := range keys {
+			publish(ownership.KeyPartition(k, 2), k, seq)
+		}
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := log.count(); n != 3*len(keys) {
+			return fmt.Errorf("%d of %d rows before the change acknowledged", n, 3*len(keys))
+		}
+		return nil
+	})
+
+	// The change, as the operator would make it with a change of N's
+	// barrier: every shard of both old partitions waits.
+	reg := f.Registry
+	wide := f.Layout
+	wide.Partitions = 3
+	if _, err := f.Provision(ctx, wide); err != nil {
+		t.Fatal(err)
+	}
+	epoch, err := reg.CreateOrderedPending(ctx, f.Topology, 3, 1, poolctl.BarrierStart{FromPartitions: 2, FromShards: 1,
+		Before: map[int]uint64{0: 0, 1: 0}, Predecessors: []int{0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error { return reg.Activate(ctx, f.Topology, epoch) })
+	f.Layout = wide
+	waitHolding(t, s, 30*time.Second, "0.0", "1.0", "2.0")
+
+	// The switched publisher: moved keys' new rows, into the other old
+	// partition. Then the slow one, still on 2 partitions: S_p.
+	publish(1, k01, 3)
+	publish(0, k10, 3)
+	S := map[int]uint64{0: publish(0, slow0, 3), 1: publish(1, slow1, 3)}
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := s.counter(t, "shardkeeper_worker_rows_held_total"); n < 2 {
+			return fmt.Errorf("%v rows held, want the 2 moved keys' new rows", n)
+		}
+		if n := log.count(); n != 3*len(keys)+2 {
+			return fmt.Errorf("%d rows acknowledged, want %d: every row but the 2 held", n, 3*len(keys)+2)
+		}
+		return nil
+	})
+	for p, seq := range S {
+		d, err := natsops.DrainedTo(ctx, nc, f.Layout, p, 0, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Drained {
+			t.Fatalf("unit %d.0 counts as drained to S_p %d by its floor (%+v): the held row below S_p did not keep it low, so the mark is not needed here", p, seq, d)
+		}
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		b, err := reg.OrderBarrier(ctx, f.Topology)
+		if err != nil {
+			return err
+		}
+		for p, seq := range S {
+			pb, _ := b.Partition(p)
+			if len(pb.Predecessors) != 1 || pb.Predecessors[0].Mark < seq {
+				return fmt.Errorf("unit %d.0's barrier row %+v: want a mark at or past S_p %d", p, pb.Predecessors, seq)
+			}
+		}
+		return nil
+	})
+	if inv := log.inversions(); len(inv) > 0 {
+		t.Fatalf("inversions while the held rows waited: %v", inv)
+	}
+
+	// Lifted by the marks, as the operator will: the held rows flow.
+	for p, seq := range S {
+		if err := reg.RecordSwitch(ctx, f.Topology, epoch, p, seq); err != nil {
+			t.Fatal(err)
+		}
+		if err := reg.LiftPredecessors(ctx, f.Topology, epoch, p, []int{0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fleettest.Eventually(t, 30*time.Second, func() error {
+		if n := log.count(); n != 4*len(keys) {
+			return fmt.Errorf("%d of %d rows acknowledged after the lift", n, 4*len(keys))
+		}
+		return nil
+	})
+	if inv := log.inversions(); len(inv) > 0 {
+		t.Fatalf("inversions: %v", inv)
+	}
+	t.Logf("S_p %v; held %v rows; marks passed S_p while the floors stayed below", S, s.counter(t, "shardkeeper_worker_rows_held_total"))
 }

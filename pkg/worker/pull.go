@@ -86,6 +86,11 @@ type puller struct {
 	heldKeys map[string]int
 	keptAt   time.Time
 	ackWait  time.Duration
+	// marked is the drained-to mark this puller last recorded under a
+	// change of N's barrier, markedAt when it last measured one
+	// (sinceStart). Only the puller's goroutine touches them.
+	marked   uint64
+	markedAt time.Duration
 }
 
 // heldRow is a row the order barrier holds.
@@ -160,6 +165,49 @@ func (p *puller) run() {
 		}
 		p.fetchOK()
 		backoff.reset()
+		p.recordMark()
+	}
+}
+
+// markEvery bounds how often a puller measures its drained-to mark: one
+// consumer read and one registry write at most this often, not a batch.
+const markEvery = 500 * time.Millisecond
+
+// recordMark measures and records, between batches, how far the unit's
+// rows are settled while a change of N's barrier waits for it as an old
+// unit (design.md section 8): the rows this puller holds for keys moving
+// in keep its ack floor below the switch, so the operator lifts it by
+// this mark instead. Nothing is in flight between batches, which the
+// measurement needs (natsops.MarkOf); the write is guarded by the claim
+// token. A failure is only logged: the next batch measures again, and
+// the floor still lifts a unit that holds nothing.
+func (p *puller) recordMark() {
+	perm := p.w.perm.Load()
+	if perm == nil || perm.Barrier == nil || !perm.Barrier.ChangesN() || p.checkedAt-p.markedAt < markEvery {
+		return
+	}
+	b := perm.Barrier
+	if pb, ok := b.Partition(p.unit.Partition); !ok || pb.Lifted(p.unit.Shard) {
+		return
+	}
+	p.markedAt = p.checkedAt
+	marks, ok := p.w.reg.(poolctl.OrderMarks)
+	if !ok {
+		// Only a test double lacks them (OpenRegistry's PostgreSQL
+		// registry keeps marks); say so rather than wait silently.
+		p.w.log.Info("The registry keeps no drained-to marks: the order barrier lifts this unit only by its ack floor", "unit", p.unit.String())
+		return
+	}
+	ctx, cancel := p.w.queryCtx()
+	defer cancel()
+	m, err := natsops.MarkOf(ctx, p.w.js, p.ref, len(p.held))
+	if err == nil && m.Seq > p.marked {
+		if err = marks.MarkDrained(ctx, p.token, b.Epoch, m.Seq); err == nil {
+			p.marked = m.Seq
+		}
+	}
+	if err != nil {
+		p.w.log.V(1).Info("Drained-to mark not recorded", "unit", p.unit.String(), "barrierEpoch", b.Epoch, "error", err.Error())
 	}
 }
 
