@@ -222,22 +222,26 @@ func natsLeaderKilledDuringHandover() func(*scene) {
 	return func(s *scene) {
 		const pod = "ingest-2"
 		// Ready does not wait for the last pod to claim its share.
-		var units []string
 		s.eventually(time.Minute, func() error {
-			if units = s.unitsOf(pod); len(units) == 0 {
+			if len(s.unitsOf(pod)) == 0 {
 				return fmt.Errorf("%s holds no unit yet", pod)
 			}
 			return nil
 		})
-		unit := units[0]
 		inc := s.incarnationOf(pod)
 		s.disturb()
+		// A row in the unit's handler keeps its handover open (the drain
+		// waits for it, up to the drain timeout) until the kill landed:
+		// with nothing in flight a handover can end before the test sees
+		// HandingOver and kills the leader (a loaded run saw it over).
+		unit := s.unitWithRowInFlight(pod, s.awaitInFlight(pod, s.slowSink(pod, time.Hour)))
 		s.rollPods()
 		s.awaitStatus(pod+" HandingOver", 2*time.Minute, func(g sighting) bool { return g.podStep(pod) == topologyv1.PodStepHandingOver })
 		// The leader now, not before the roll: it may have moved.
 		proc := s.in.nats.Procs[s.consumerLeader(unit)]
 		proc.Kill()
 		killAt := time.Now()
+		s.slowSink(pod, 0)
 		s.t.Logf("killed NATS server %s, leader of unit %s's consumer", proc.Config.Name, unit)
 		time.Sleep(natsDownLength)
 		if err := proc.Start(30 * time.Second); err != nil {

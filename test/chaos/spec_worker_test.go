@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"syscall"
 	"time"
 
@@ -130,6 +131,20 @@ func (s *scene) awaitInFlight(pod string, since time.Time) map[string]time.Time 
 		return nil
 	})
 	return rows
+}
+
+// unitWithRowInFlight is a unit pod holds with one of rows (from
+// awaitInFlight) in its handler.
+func (s *scene) unitWithRowInFlight(pod string, rows map[string]time.Time) string {
+	s.t.Helper()
+	procs := s.histories()
+	for _, u := range s.unitsOf(pod) {
+		if inFlightOf(maps.Clone(rows), procs, u) > 0 {
+			return u
+		}
+	}
+	s.t.Fatalf("none of %s's units %v has one of its %d rows in flight", pod, s.unitsOf(pod), len(rows))
+	return ""
 }
 
 // killedMidHandover SIGKILLs a worker whose sink hangs while it hands its
