@@ -143,21 +143,44 @@ func DrainedTo(ctx context.Context, nc *nats.Conn, l Layout, p, s int, seq uint6
 		return Drain{}, fmt.Errorf("read consumer %s: %w", ref, err)
 	}
 	d := Drain{AckFloor: ci.AckFloor.Stream, Pending: ci.NumPending, AckPending: ci.NumAckPending}
-	if d.AckFloor >= seq || (d.Pending == 0 && d.AckPending == 0) {
+	if d.Pending == 0 && d.AckPending == 0 {
 		d.Drained = true
 		return d, nil
 	}
-	msg, err := msgGet(ctx, jsa, ref.Stream, api.JSApiMsgGetRequest{Seq: d.AckFloor + 1, NextFor: l.FilterSubject(p, s)})
+	d.Drained, d.FirstOpen, err = settledTo(ctx, jsa, l, p, s, d.AckFloor, seq)
 	if err != nil {
 		return Drain{}, fmt.Errorf("read unit %s's first row above its ack floor: %w", ref, err)
 	}
-	if msg == nil {
-		d.Drained = true
-		return d, nil
-	}
-	d.FirstOpen = msg.Sequence
-	d.Drained = msg.Sequence > seq
 	return d, nil
+}
+
+// settledTo says whether every row of unit (p, s) at or below seq is
+// settled, given that every one at or below settled is: settled reaches
+// seq, or the unit's first row above settled (read from the stream by
+// the unit's filter, returned as firstOpen) lies beyond seq.
+func settledTo(ctx context.Context, jsa jsAPI, l Layout, p, s int, settled, seq uint64) (ok bool, firstOpen uint64, err error) {
+	if settled >= seq {
+		return true, 0, nil
+	}
+	msg, err := msgGet(ctx, jsa, l.StreamName(p), api.JSApiMsgGetRequest{Seq: settled + 1, NextFor: l.FilterSubject(p, s)})
+	if err != nil || msg == nil {
+		return err == nil, 0, err
+	}
+	return msg.Sequence > seq, msg.Sequence, nil
+}
+
+// MarkPasses is DrainedTo's test with a holder's drained-to mark (Mark,
+// recorded under its claim token) in place of the ack floor: every row of
+// unit (p, s) at or below seq is acknowledged or held as a moved-in key's
+// row when the mark reaches seq or the unit has no row between the mark
+// and seq. The operator lifts a change of N's old unit by it when held
+// rows keep the floor low (design.md section 8; not wired yet).
+func MarkPasses(ctx context.Context, nc *nats.Conn, l Layout, p, s int, mark, seq uint64) (bool, error) {
+	ok, _, err := settledTo(ctx, jsAPI{nc}, l, p, s, mark, seq)
+	if err != nil {
+		return false, fmt.Errorf("read unit %d.%d's first row above its mark %d: %w", p, s, mark, err)
+	}
+	return ok, nil
 }
 
 // Mark is how far a unit's rows are known to be settled, as its holder

@@ -64,6 +64,29 @@ func TestMarkOfIsExactOnlyWhenThePendingRowsAreTheHeldOnes(t *testing.T) {
 	if !got.Exact || got.Seq != seq(rows[6]) {
 		t.Fatalf("unit 0.0 holding 2 rows, the rest acknowledged: %+v; want exact at its last row %d", got, seq(rows[6]))
 	}
+	// The operator's lift test: the floor alone says "not drained" to the
+	// unit's last row, the mark passes it, and a row of the unit beyond
+	// the mark that is not settled keeps a later sequence from passing.
+	S := seq(rows[6])
+	if d, err := DrainedTo(ctx, nc, l, 0, 0, S); err != nil || d.Drained {
+		t.Fatalf("unit 0.0 drained to %d by its floor: %+v, %v; want not (its held rows keep the floor low)", S, d, err)
+	}
+	passes := func(mark, seq uint64) bool {
+		t.Helper()
+		ok, err := MarkPasses(ctx, nc, l, 0, 0, mark, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !passes(got.Seq, S) || !passes(got.Seq, S+2) {
+		t.Fatalf("mark %d does not pass %d, or %d with no row of unit 0.0 between", got.Seq, S, S+2)
+	}
+	after := publishOne(t, js, l, 0, 0)
+	if passes(got.Seq, after) || !passes(got.Seq, after-1) {
+		t.Fatalf("mark %d: a row of unit 0.0 at %d above it must keep %d from passing, and not %d", got.Seq, after, after, after-1)
+	}
+
 	// Counted against a wrong number of held rows it is only the floor.
 	if got := mark(0, 1); got.Exact || got.Seq != floor {
 		t.Fatalf("unit 0.0 counted with 1 held row: %+v; want the floor %d", got, floor)
@@ -103,4 +126,15 @@ func TestMarkOfIsExactOnlyWhenThePendingRowsAreTheHeldOnes(t *testing.T) {
 	if got := mark(2, 0); got.Exact || got.Seq != seq(dead[1])-1 || got.AckPending != 2 {
 		t.Fatalf("unit 0.2 after a takeover: %+v; want the floor %d with the dead holder's 2 rows pending, not past them", got, seq(dead[1])-1)
 	}
+}
+
+// publishOne publishes one row to unit (p, s) and returns its stream
+// sequence.
+func publishOne(t testing.TB, js jetstream.JetStream, l Layout, p, s int) uint64 {
+	t.Helper()
+	ack, err := js.Publish(testContext(t, 10*time.Second), l.ShardSubject(p, s, "one"), []byte("row"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
 }
