@@ -667,7 +667,7 @@ func TestAChangeOfNsOldUnitsMarkPastTheRowsTheyHold(t *testing.T) {
 			}
 		}
 	}
-	k01, k10 := keyMoving(0, 1), keyMoving(1, 0)         // the switched publisher's keys
+	k01, k10 := keyMoving(0, 1), keyMoving(1, 0)          // the switched publisher's keys
 	slow0, slow1 := keyMoving(0, 0), keyMoving(1, 1, k10) // the slow publisher's
 	publish := func(p int, key string, seq int) uint64 {
 		t.Helper()
