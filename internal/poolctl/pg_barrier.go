@@ -166,9 +166,10 @@ func nullablePartitions(n int) *int32 {
 // OrderBarriers is the registry side of the order barrier. PG implements
 // it; the writes are operator writes (fenced by the operator token).
 type OrderBarriers interface {
-	// CreateOrderedPending is CreatePending for a change of V (or, in the
-	// registry only so far, of N) that keeps per-key order: the new pending epoch and its barrier (nothing
-	// lifted, no switch recorded) are written together, deleting every
+	// CreateOrderedPending is CreatePending for a change of V (or, in
+	// the registry only so far, of N) that keeps per-key order: the new
+	// pending epoch and its barrier (nothing lifted, no switch recorded)
+	// are written together, deleting every
 	// earlier epoch's barrier, so every snapshot that shows the epoch
 	// pending shows its barrier, and every freeze acknowledgement is
 	// made by a member that published it to its pullers before the
