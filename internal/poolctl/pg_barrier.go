@@ -169,14 +169,13 @@ type OrderBarriers interface {
 	// CreateOrderedPending is CreatePending for a change of V (or, in
 	// the registry only so far, of N) that keeps per-key order: the new
 	// pending epoch and its barrier (nothing lifted, no switch recorded)
-	// are written together, deleting every
-	// earlier epoch's barrier, so every snapshot that shows the epoch
-	// pending shows its barrier, and every freeze acknowledgement is
-	// made by a member that published it to its pullers before the
-	// transform can move. An existing pending epoch of that shape is
-	// returned as it is, with the barrier it was written with or none:
-	// a barrier added later could miss members that acknowledged the
-	// freeze without it, so none is.
+	// are written together, deleting every earlier epoch's barrier, so
+	// every snapshot that shows the epoch pending shows its barrier, and
+	// every freeze acknowledgement is made by a member that published it
+	// to its pullers before the transform can move. An existing pending
+	// epoch of that shape is returned as it is, with the barrier it was
+	// written with or none: a barrier added later could miss members
+	// that acknowledged the freeze without it, so none is.
 	CreateOrderedPending(ctx context.Context, topology string, partitions, shards int, b BarrierStart) (int64, error)
 	// RecordSwitch records partition's switch sequence for epoch's
 	// barrier, once: a repeat keeps the first.
