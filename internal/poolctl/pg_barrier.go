@@ -354,20 +354,12 @@ type OrderMarks interface {
 
 var _ OrderMarks = (*PG)(nil)
 
-// MarkDrained implements OrderMarks: a guarded write in one statement.
+// MarkDrained implements OrderMarks: a guarded write in one statement,
+// which holds the claim row (FOR SHARE) until it commits.
 func (p *PG) MarkDrained(ctx context.Context, t Token, epoch int64, seq uint64) error {
-	var (
-		now  *time.Time
-		done *int
-		c    claimScan
-		ow   memberScan
-	)
-	err := p.pool.QueryRow(ctx, tokenReadSQL+`,
-		ok AS (
+	return p.guardedWrite(ctx, t, fmt.Sprintf("mark drained to %d (barrier of epoch %d)", seq, epoch), `ok AS (
 			SELECT 1 FROM shardkeeper.claims cl, t, shardkeeper.members m
-			 WHERE cl.topology = $1 AND cl.unit = $2 AND cl.owner = $3 AND cl.fencing_epoch = $4 AND cl.state <> 'free'
-			   AND m.topology = cl.topology AND m.member = cl.owner AND m.incarnation = cl.owner_incarnation
-			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
+			 WHERE `+tokenHeldSQL+`
 			   FOR SHARE OF cl),
 		upd AS (
 			INSERT INTO shardkeeper.order_marks AS om (topology, epoch, unit, drained_to, member, claim_epoch, marked_at)
@@ -375,18 +367,5 @@ func (p *PG) MarkDrained(ctx context.Context, t Token, epoch int64, seq uint64) 
 			ON CONFLICT (topology, epoch, unit) DO UPDATE
 			   SET drained_to = greatest(om.drained_to, EXCLUDED.drained_to), member = EXCLUDED.member,
 			       claim_epoch = EXCLUDED.claim_epoch, marked_at = EXCLUDED.marked_at
-			RETURNING 1 AS done)
-		SELECT t.now, upd.done, `+claimCols("c")+`, `+memberCols("ow")+`
-		  FROM t LEFT JOIN c ON true LEFT JOIN ow ON true LEFT JOIN upd ON true`,
-		t.Topology, t.Unit, t.Member, t.Epoch, epoch, int64(seq)).Scan(scanAll([]any{&now, &done}, c.dest(), ow.dest())...)
-	if err != nil {
-		return fmt.Errorf("mark %s drained to %d (barrier of epoch %d): %w", t.Unit, seq, epoch, err)
-	}
-	if err := topologyErr(t.Topology, now); err != nil {
-		return err
-	}
-	if done == nil {
-		return fmt.Errorf("mark %s drained: %w", t.Unit, refusal(tokenValid(t, c.row(), ow.row(), *now)))
-	}
-	return nil
+			RETURNING 1 AS done)`, epoch, int64(seq))
 }

@@ -16,8 +16,19 @@ var tokenReadSQL = `
 	c AS (SELECT * FROM shardkeeper.claims WHERE topology = $1 AND unit = $2),
 	ow AS (SELECT * FROM shardkeeper.members WHERE topology = $1 AND member = (SELECT owner FROM c))`
 
-// Checkpoint implements Registry: a guarded write in one statement.
-func (p *PG) Checkpoint(ctx context.Context, t Token, seq int64) error {
+// tokenHeldSQL is the guard of a guarded write, over claims cl, members m
+// and tokenReadSQL's t: the token in $1-$4 (topology, unit, member,
+// epoch) names the claim as held, by a live lease of its owner's current
+// incarnation.
+const tokenHeldSQL = `cl.topology = $1 AND cl.unit = $2 AND cl.owner = $3 AND cl.fencing_epoch = $4 AND cl.state <> 'free'
+			   AND m.topology = cl.topology AND m.member = cl.owner AND m.incarnation = cl.owner_incarnation
+			   AND m.left_at IS NULL AND m.lease_expires_at > t.now`
+
+// guardedWrite runs a guarded write in one statement: write is a CTE named
+// upd (it may name earlier CTEs of its own before it) that writes only
+// under tokenHeldSQL and returns a row when it did; args follow the
+// token's four. A refusal says why the token is not valid.
+func (p *PG) guardedWrite(ctx context.Context, t Token, op, write string, args ...any) error {
 	var (
 		now  *time.Time
 		done *int
@@ -25,26 +36,29 @@ func (p *PG) Checkpoint(ctx context.Context, t Token, seq int64) error {
 		ow   memberScan
 	)
 	err := p.pool.QueryRow(ctx, tokenReadSQL+`,
-		upd AS (
-			UPDATE shardkeeper.claims cl SET checkpoint_seq = greatest(cl.checkpoint_seq, $5), updated_at = t.now
-			  FROM t, shardkeeper.members m
-			 WHERE cl.topology = $1 AND cl.unit = $2 AND cl.owner = $3 AND cl.fencing_epoch = $4 AND cl.state <> 'free'
-			   AND m.topology = cl.topology AND m.member = cl.owner AND m.incarnation = cl.owner_incarnation
-			   AND m.left_at IS NULL AND m.lease_expires_at > t.now
-			RETURNING 1 AS done)
+		`+write+`
 		SELECT t.now, upd.done, `+claimCols("c")+`, `+memberCols("ow")+`
 		  FROM t LEFT JOIN c ON true LEFT JOIN ow ON true LEFT JOIN upd ON true`,
-		t.Topology, t.Unit, t.Member, t.Epoch, seq).Scan(scanAll([]any{&now, &done}, c.dest(), ow.dest())...)
+		append([]any{t.Topology, t.Unit, t.Member, t.Epoch}, args...)...).Scan(scanAll([]any{&now, &done}, c.dest(), ow.dest())...)
 	if err != nil {
-		return fmt.Errorf("checkpoint %s: %w", t.Unit, err)
+		return fmt.Errorf("%s %s: %w", op, t.Unit, err)
 	}
 	if err := topologyErr(t.Topology, now); err != nil {
 		return err
 	}
 	if done == nil {
-		return fmt.Errorf("checkpoint: %w", refusal(tokenValid(t, c.row(), ow.row(), *now)))
+		return fmt.Errorf("%s: %w", op, refusal(tokenValid(t, c.row(), ow.row(), *now)))
 	}
 	return nil
+}
+
+// Checkpoint implements Registry: a guarded write in one statement.
+func (p *PG) Checkpoint(ctx context.Context, t Token, seq int64) error {
+	return p.guardedWrite(ctx, t, "checkpoint", `upd AS (
+			UPDATE shardkeeper.claims cl SET checkpoint_seq = greatest(cl.checkpoint_seq, $5), updated_at = t.now
+			  FROM t, shardkeeper.members m
+			 WHERE `+tokenHeldSQL+`
+			RETURNING 1 AS done)`, seq)
 }
 
 // CheckToken implements Registry in one statement, without locks: it says
