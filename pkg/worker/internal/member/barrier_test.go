@@ -43,14 +43,7 @@ func TestPermissionHoldsOnlyMovedKeysRowsAfterTheSwitch(t *testing.T) {
 	moved := keyFor(t, 3, 11)  // moves from 0.3 into 0.11
 	unmoved := keyFor(t, 3, 3) // stays in 0.3
 	u11, u3 := ownership.Unit{Partition: 0, Shard: 11}, ownership.Unit{Partition: 0, Shard: 3}
-	tests := []struct {
-		name    string
-		barrier *poolctl.OrderBarrier
-		unit    ownership.Unit
-		seq     uint64
-		key     string
-		want    bool
-	}{
+	tests := []holdsCase{
 		{"a moved key's row after the switch waits for its old unit", barrier8to16(true), u11, 101, moved, true},
 		{"it flows once its old unit is lifted", barrier8to16(true, 3), u11, 101, moved, false},
 		{"another old unit's lift does not free it", barrier8to16(true, 0, 1, 2, 4, 5, 6, 7), u11, 101, moved, true},
@@ -61,14 +54,7 @@ func TestPermissionHoldsOnlyMovedKeysRowsAfterTheSwitch(t *testing.T) {
 		{"another partition has no barrier", barrier8to16(true), ownership.Unit{Partition: 1, Shard: 11}, 500, moved, false},
 		{"no barrier, nothing waits", nil, u11, 500, moved, false},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p := &Permission{Barrier: tt.barrier}
-			if got := p.Holds(tt.unit, tt.seq, tt.key); got != tt.want {
-				t.Fatalf("Holds(%s, %d, %q) = %v, want %v", tt.unit, tt.seq, tt.key, got, tt.want)
-			}
-		})
-	}
+	checkHolds(t, tests)
 }
 
 // The core publishes the barrier a snapshot shows, and publishes again
@@ -152,14 +138,7 @@ func TestPermissionHoldsAMovedKeysRowsUnderAChangeOfNUntilItsOldUnitIsLifted(t *
 	into4 := keyForN(t, 0, 4, 3) // 0.3 -> 4.3
 	stays := keyForN(t, 1, 1, 2) // stays in 1.2
 	u := func(p, s int) ownership.Unit { return ownership.Unit{Partition: p, Shard: s} }
-	tests := []struct {
-		name    string
-		barrier *poolctl.OrderBarrier
-		unit    ownership.Unit
-		seq     uint64
-		key     string
-		want    bool
-	}{
+	tests := []holdsCase{
 		{"a key moved into an old partition waits for its old unit", barrierN4to6(), u(0, 1), 5, into0, true},
 		{"at any sequence, below the old stream's S too", barrierN4to6(), u(0, 1), 1, into0, true},
 		{"and the unit it came from holds the keys moving the other way", barrierN4to6(), u(2, 1), 7, into2, true},
@@ -169,6 +148,21 @@ func TestPermissionHoldsAMovedKeysRowsUnderAChangeOfNUntilItsOldUnitIsLifted(t *
 		{"an unmoved key never waits", barrierN4to6(), u(1, 2), 5, stays, false},
 		{"a key the old shape routed to the unit is not held there", barrierN4to6(), u(2, 1), 5, into0, false},
 	}
+	checkHolds(t, tests)
+}
+
+// holdsCase is one row of a Permission.Holds table.
+type holdsCase struct {
+	name    string
+	barrier *poolctl.OrderBarrier
+	unit    ownership.Unit
+	seq     uint64
+	key     string
+	want    bool
+}
+
+func checkHolds(t *testing.T, tests []holdsCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := &Permission{Barrier: tt.barrier}
