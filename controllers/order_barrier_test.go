@@ -8,10 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
+	"github.com/shardkeeper/shardkeeper/internal/natsops"
 	"github.com/shardkeeper/shardkeeper/internal/ownership"
+	"github.com/shardkeeper/shardkeeper/internal/poolctl"
+	"github.com/shardkeeper/shardkeeper/pkg/publish"
 )
 
 // A change of V under spec.rollout.ordering PerKey (issue 24): the
@@ -135,5 +139,128 @@ func TestPerKeyChangeOfVLiftsEachOldUnitOnceDrainedToTheSwitch(t *testing.T) {
 	}
 	if st.Status.ActiveEpoch.ShardsPerPartition != 12 {
 		t.Fatalf("active %+v, want 12 shards", st.Status.ActiveEpoch)
+	}
+}
+
+// A change of N under spec.rollout.ordering PerKey (issue 24): the
+// operator writes the barrier with the pending epoch (every old partition
+// whose keys move, every shard of each), records no switch while a
+// publisher still names the old epoch (status names it), then records
+// each old partition's last row once it names the new one, and lifts an
+// old unit once its ack floor passed the switch, or once its holder's
+// drained-to mark did (rows still pending: the floor alone would not).
+func TestPerKeyChangeOfNRecordsTheSwitchOncePublishersMovedAndLiftsByFloorOrMark(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, fleetInput{partitions: 2, shards: 2, assignment: topologyv1.ShardAssignmentSubjectTransform})
+	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+
+	js, err := jetstream.New(f.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acknowledge := func(epoch int64) {
+		t.Helper()
+		if err := publish.Acknowledge(ctx, js, "shardkeeper", "pub", epoch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acknowledge(1)
+	// A backlog in every old unit, routed as a publisher on N 2 routes.
+	l := natsops.Layout{SubjectPrefix: "shardkeeper"}
+	for i := range 100 {
+		key := fmt.Sprintf("key%d", i)
+		if _, err := js.Publish(ctx, l.RowSubject(ownership.KeyPartition(key, 2), key), []byte("row")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 3 })
+	st := f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if b := o.Status.OrderBarrier; b == nil || len(b.PublishersBehind) == 0 || b.CheckedAt == nil {
+			return fmt.Errorf("order barrier %+v, want publishers behind, checked", b)
+		}
+		return nil
+	})
+	b := st.Status.OrderBarrier
+	// gcd(2, 3) = 1: both old partitions feed the others, every new unit
+	// has a predecessor.
+	if b.Epoch != 2 || b.FromPartitions != 2 || b.ToPartitions != 3 || b.FromShards != 2 || b.ToShards != 2 ||
+		b.Partitions != 2 || b.Switched != 0 || b.Predecessors != 4 || b.Lifted != 0 || b.UnitsWaiting != 6 {
+		t.Fatalf("order barrier %+v: want epoch 2, N 2 -> 3 at V 2, 2 old partitions unswitched, 4 old units, 6 new units waiting", b)
+	}
+	if !slices.Equal(b.PublishersBehind, []string{"pub (epoch 1)"}) {
+		t.Fatalf("publishers behind %v, want pub at epoch 1", b.PublishersBehind)
+	}
+	for _, w := range b.Waiting {
+		if w.Unit == "2.1" && !slices.Equal(w.For, []string{"0.1", "1.1"}) {
+			t.Fatalf("new unit 2.1 waits for %v, want 0.1 and 1.1 (the shard stays)", w.For)
+		}
+	}
+	if c := meta.FindStatusCondition(st.Status.Conditions, topologyv1.ConditionReady); c == nil || !strings.Contains(c.Message, "publishers still on an older epoch: pub (epoch 1)") {
+		t.Fatalf("Ready %+v: want its message to name the publisher the switches wait for", c)
+	}
+
+	acknowledge(2)
+	f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+		if b := o.Status.OrderBarrier; b == nil || b.Switched != 2 || len(b.PublishersBehind) != 0 {
+			return fmt.Errorf("order barrier %+v, want both switches recorded, nobody behind", b)
+		}
+		return nil
+	})
+	reg, err := f.reg.OrderBarrier(ctx, f.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pb := range reg.Partitions {
+		// Nothing was published since the backlog: the switch is the
+		// stream's last row, the one read before the pending epoch.
+		if rows := f.streamRows(pb.Partition); pb.SwitchSeq != rows || pb.BeforeSeq != rows {
+			t.Fatalf("partition %d %+v: want the switch and the sequence before both at its last row %d", pb.Partition, pb, rows)
+		}
+	}
+
+	// By the ack floor: 0.0 drains.
+	f.drain(0, 0)
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if b := o.Status.OrderBarrier; b == nil || b.Lifted != 1 {
+			return fmt.Errorf("order barrier %+v, want 0.0 lifted", b)
+		}
+		return nil
+	})
+	// By the mark: 0.1's holder records every row up to the switch as
+	// settled while they are still pending.
+	p0, _ := reg.Partition(0)
+	claims, err := f.reg.Claims(ctx, f.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(claims, func(c poolctl.ClaimInfo) bool { return c.Unit == "0.1" })
+	if i < 0 || claims[i].Owner != "a" {
+		t.Fatalf("claims %+v: want 0.1 held by a", claims)
+	}
+	tok := poolctl.Token{Topology: f.key(), Unit: "0.1", Member: "a", Epoch: claims[i].Epoch}
+	if err := f.reg.MarkDrained(ctx, tok, 2, p0.SwitchSeq); err != nil {
+		t.Fatal(err)
+	}
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		if b := o.Status.OrderBarrier; b == nil || b.Lifted != 2 {
+			return fmt.Errorf("order barrier %+v, want 0.1 lifted by its mark", b)
+		}
+		return nil
+	})
+	if n := f.pending(0, 1); n == 0 {
+		t.Fatal("0.1 has no rows pending: the floor alone could have lifted it")
+	}
+
+	f.drain(1, 0)
+	f.drain(1, 1)
+	waitEvent(t, f.ns, "OrderBarrierLifted", "change of N (2 -> 3 partitions)")
+	st = f.waitReady(60 * time.Second)
+	if b := st.Status.OrderBarrier; b == nil || b.Lifted != b.Predecessors || b.UnitsWaiting != 0 {
+		t.Fatalf("Ready with order barrier %+v: want every old unit lifted", b)
 	}
 }

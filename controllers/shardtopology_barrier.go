@@ -92,6 +92,10 @@ type barrierReport struct {
 	// unread says what NATS did not answer this time (unit or partition:
 	// error); those stay unlifted and are read at the next reconcile.
 	unread []string
+	// publishersBehind names the publishers still on an epoch older than
+	// a change of N's barrier, as read this time: no switch is recorded
+	// while there is one.
+	publishersBehind []string
 }
 
 // activeBarrier is the barrier of the active epoch, nil when the barrier
@@ -127,10 +131,10 @@ func (s *scope) orderedShape(active *poolctl.Epoch, target ownership.Topology) (
 		return false, ""
 	case s.topo.Spec.NATS.ShardAssignment != topologyv1.ShardAssignmentSubjectTransform:
 		return false, "spec.rollout.ordering PerKey needs spec.nats.shardAssignment SubjectTransform"
-	case active == nil || active.Shards == target.Shards:
+	case active == nil || (active.Shards == target.Shards && active.Partitions == target.Partitions):
 		return false, ""
-	case active.Partitions != target.Partitions:
-		return false, "a change of spec.partitions is not ordered (only a change of spec.shardsPerPartition is)"
+	case active.Shards != target.Shards && active.Partitions != target.Partitions:
+		return false, "a change of spec.partitions and spec.shardsPerPartition at once is not ordered (each is on its own)"
 	}
 	return true, ""
 }
@@ -142,10 +146,26 @@ func (s *scope) pendingHasBarrier(w *changeWorld) bool {
 }
 
 // barrierStart is the barrier a change from active to target starts
-// with: the old shards whose keys move and each partition stream's last
-// sequence, read now, while the transform routes over the active V.
+// with. A change of V: the old shards whose keys move and each partition
+// stream's last sequence, read now, while the transform routes over the
+// active V. A change of N: the old partitions whose keys move, each with
+// its stream's last sequence (every row at or below it was published
+// under an older N: no publisher uses the new one before the
+// activation), and every shard of each.
 func (s *scope) barrierStart(ctx context.Context, active *poolctl.Epoch, target ownership.Topology) (poolctl.BarrierStart, error) {
-	preds, err := ownership.MovingShards(active.Shards, target.Shards)
+	changesN := active.Partitions != target.Partitions
+	var (
+		preds, parts []int
+		err          error
+	)
+	if changesN {
+		parts, err = ownership.MovingShards(active.Partitions, target.Partitions)
+		for sh := range active.Shards {
+			preds = append(preds, sh)
+		}
+	} else {
+		preds, err = ownership.MovingShards(active.Shards, target.Shards)
+	}
 	if err != nil {
 		return poolctl.BarrierStart{}, err
 	}
@@ -157,9 +177,15 @@ func (s *scope) barrierStart(ctx context.Context, active *poolctl.Epoch, target 
 	}
 	before := make(map[int]uint64, len(pos))
 	for p, sp := range pos {
-		before[p] = sp.LastSeq
+		if !changesN || slices.Contains(parts, p) {
+			before[p] = sp.LastSeq
+		}
 	}
-	return poolctl.BarrierStart{FromShards: active.Shards, Before: before, Predecessors: preds}, nil
+	st := poolctl.BarrierStart{FromShards: active.Shards, Before: before, Predecessors: preds}
+	if changesN {
+		st.FromPartitions = active.Partitions
+	}
+	return st, nil
 }
 
 // createPending writes target as the pending epoch: with its order
@@ -188,83 +214,24 @@ func (s *scope) createPending(ctx context.Context, w *changeWorld) (int64, error
 }
 
 // orderBarrier is the reconcile step that moves the active epoch's barrier
-// on: it records each partition's switch once the transform moved, and
-// lifts the old units that acknowledged every row up to it.
+// on: it records each partition's switch once the old shape routes no
+// more rows there, and lifts the old units that settled every row up to
+// it.
 func orderBarrier(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
 	if s.snap == nil || !s.barrierUp() || s.nc == nil || !s.nc.IsConnected() {
 		return ctrl.Result{}, nil
 	}
 	b := s.activeBarrier()
-	ob := s.reg.(poolctl.OrderBarriers)
 	nctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
-	l := layoutFor(s.topo, epochTopology(s.snap.Active))
 	rep := &barrierReport{drains: map[ownership.Unit]natsops.Drain{}}
 	s.barrierRep = rep
-	var (
-		pos    map[int]natsops.StreamPosition
-		posErr error
-	)
-	for i := range b.Partitions {
-		pb := &b.Partitions[i]
-		if !pb.Switched {
-			if pos == nil && posErr == nil {
-				if pos, posErr = natsops.StreamPositions(nctx, s.nc, l); posErr != nil {
-					// A NATS failure must not hold the steps after this
-					// one (the pod roll, the retiring set): say it, and
-					// look again.
-					rep.unread = append(rep.unread, fmt.Sprintf("streams: %v", posErr))
-				}
-			}
-			if posErr != nil {
-				continue
-			}
-			sp := pos[pb.Partition]
-			if !sp.Routed {
-				// The transform has not moved here yet (the
-				// activation's provisioning failed): rows may still be
-				// routed over the old V, so no switch can be found.
-				rep.unrouted = append(rep.unrouted, pb.Partition)
-				continue
-			}
-			seq, err := s.findSwitch(nctx, l, pb.Partition, pb.BeforeSeq, sp.LastSeq, b.FromShards, b.ToShards)
-			if err != nil {
-				rep.unread = append(rep.unread, fmt.Sprintf("partition %d's switch: %v", pb.Partition, err))
-				continue
-			}
-			if err := ob.RecordSwitch(ctx, s.registryKey(), b.Epoch, pb.Partition, seq); err != nil {
-				return ctrl.Result{}, fmt.Errorf("order barrier: %w", err)
-			}
-			s.changed = true
-			pb.SwitchSeq, pb.Switched = seq, true
-			log.FromContext(ctx).Info("Transform switch recorded", "epoch", b.Epoch, "partition", pb.Partition, "switchSeq", seq,
-				"beforeSeq", pb.BeforeSeq, "readAfter", sp.LastSeq)
-		}
-		var lift []int
-		for _, old := range pb.Waiting() {
-			d, err := natsops.DrainedTo(nctx, s.nc, l, pb.Partition, old, pb.SwitchSeq)
-			if err != nil {
-				rep.unread = append(rep.unread, fmt.Sprintf("%s: %v", ownership.Unit{Partition: pb.Partition, Shard: old}, err))
-				continue
-			}
-			if d.Drained {
-				lift = append(lift, old)
-				continue
-			}
-			rep.drains[ownership.Unit{Partition: pb.Partition, Shard: old}] = d
-		}
-		if len(lift) == 0 {
-			continue
-		}
-		if err := ob.LiftPredecessors(ctx, s.registryKey(), b.Epoch, pb.Partition, lift); err != nil {
-			return ctrl.Result{}, fmt.Errorf("order barrier: %w", err)
-		}
-		s.changed = true
-		for j := range pb.Predecessors {
-			if slices.Contains(lift, pb.Predecessors[j].Shard) {
-				pb.Predecessors[j].LiftedAt = s.now
-			}
-		}
+	l := s.barrierLayout(b)
+	if err := s.recordSwitches(ctx, nctx, b, l, rep); err != nil {
+		return ctrl.Result{}, fmt.Errorf("order barrier: %w", err)
+	}
+	if err := s.liftSettled(ctx, nctx, b, l, rep); err != nil {
+		return ctrl.Result{}, fmt.Errorf("order barrier: %w", err)
 	}
 	if len(rep.unread) > 0 {
 		log.FromContext(ctx).Info("Order barrier: NATS did not answer for some old units", "unread", firstN(rep.unread, 4))
@@ -273,11 +240,134 @@ func orderBarrier(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ct
 	rep.checkedAt = &at
 	if b.Lifted() {
 		r.event(s, eventNormal, "OrderBarrierLifted", "OrderBarrier",
-			"every old unit of epoch %d's change of V (%d -> %d shards) acknowledged its rows up to the switch; moved keys flow in their new units",
-			b.Epoch, b.FromShards, b.ToShards)
+			"every old unit of epoch %d's %s settled its rows up to the switch; moved keys flow in their new units",
+			b.Epoch, barrierChange(b))
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: pollFast}, nil
+}
+
+// barrierChange names b's change in words.
+func barrierChange(b *poolctl.OrderBarrier) string {
+	if b.ChangesN() {
+		return fmt.Sprintf("change of N (%d -> %d partitions)", b.FromPartitions, b.ToPartitions)
+	}
+	return fmt.Sprintf("change of V (%d -> %d shards)", b.FromShards, b.ToShards)
+}
+
+// barrierLayout is the active layout widened to b's old partitions (a
+// change of N that lowered N still reads the streams it left).
+func (s *scope) barrierLayout(b *poolctl.OrderBarrier) natsops.Layout {
+	t := epochTopology(s.snap.Active)
+	t.Partitions = max(t.Partitions, b.FromPartitions)
+	return layoutFor(s.topo, t)
+}
+
+// recordSwitches records the switch of every partition of b that has
+// none yet, where it can be known. A change of V: where the transform
+// moved (findSwitch), once the stream routes over the new V. A change of
+// N: the stream's last row, once every publisher that acknowledges
+// epochs names b's (each does so only after its last row under the old
+// N has its stream ack, so every such row is at or below it). What NATS
+// does not answer goes to rep and is tried again next time: it must not
+// hold the steps after this one (the pod roll, the retiring set).
+func (s *scope) recordSwitches(ctx, nctx context.Context, b *poolctl.OrderBarrier, l natsops.Layout, rep *barrierReport) error {
+	var open []*poolctl.PartitionBarrier
+	for i := range b.Partitions {
+		if !b.Partitions[i].Switched {
+			open = append(open, &b.Partitions[i])
+		}
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	if b.ChangesN() {
+		behind, err := s.publishersBefore(nctx, b.Epoch)
+		if err != nil {
+			rep.unread = append(rep.unread, err.Error())
+			return nil
+		}
+		if rep.publishersBehind = behind; len(behind) > 0 {
+			return nil
+		}
+	}
+	pos, err := natsops.StreamPositions(nctx, s.nc, l)
+	if err != nil {
+		rep.unread = append(rep.unread, fmt.Sprintf("streams: %v", err))
+		return nil
+	}
+	for _, pb := range open {
+		sp := pos[pb.Partition]
+		seq := sp.LastSeq
+		if !b.ChangesN() {
+			if !sp.Routed {
+				// The transform has not moved here yet (the
+				// activation's provisioning failed): rows may still be
+				// routed over the old V, so no switch can be found.
+				rep.unrouted = append(rep.unrouted, pb.Partition)
+				continue
+			}
+			if seq, err = s.findSwitch(nctx, l, pb.Partition, pb.BeforeSeq, sp.LastSeq, b.FromShards, b.ToShards); err != nil {
+				rep.unread = append(rep.unread, fmt.Sprintf("partition %d's switch: %v", pb.Partition, err))
+				continue
+			}
+		}
+		if err := s.reg.(poolctl.OrderBarriers).RecordSwitch(ctx, s.registryKey(), b.Epoch, pb.Partition, seq); err != nil {
+			return err
+		}
+		s.changed = true
+		pb.SwitchSeq, pb.Switched = seq, true
+		log.FromContext(ctx).Info("Order barrier switch recorded", "epoch", b.Epoch, "partition", pb.Partition, "switchSeq", seq,
+			"beforeSeq", pb.BeforeSeq, "readAfter", sp.LastSeq)
+	}
+	return nil
+}
+
+// liftSettled lifts every old unit of a switched partition whose rows at
+// or below the switch are all settled: acknowledged by the ack floor's
+// test (natsops.DrainedTo) or, under a change of N, acknowledged or held
+// as moved-in keys' rows by its holder's recorded mark
+// (natsops.MarkPasses). A lift is for good: a row once acknowledged stays
+// so, and a held row belongs to a key the old unit feeds to no one.
+func (s *scope) liftSettled(ctx, nctx context.Context, b *poolctl.OrderBarrier, l natsops.Layout, rep *barrierReport) error {
+	for i := range b.Partitions {
+		pb := &b.Partitions[i]
+		if !pb.Switched {
+			continue
+		}
+		var lift []int
+		for _, pr := range pb.Predecessors {
+			if pr.Lifted() {
+				continue
+			}
+			u := ownership.Unit{Partition: pb.Partition, Shard: pr.Shard}
+			d, err := natsops.DrainedTo(nctx, s.nc, l, u.Partition, u.Shard, pb.SwitchSeq)
+			if err == nil && !d.Drained && pr.Mark > 0 {
+				d.Drained, err = natsops.MarkPasses(nctx, s.nc, l, u.Partition, u.Shard, pr.Mark, pb.SwitchSeq)
+			}
+			switch {
+			case err != nil:
+				rep.unread = append(rep.unread, fmt.Sprintf("%s: %v", u, err))
+			case d.Drained:
+				lift = append(lift, pr.Shard)
+			default:
+				rep.drains[u] = d
+			}
+		}
+		if len(lift) == 0 {
+			continue
+		}
+		if err := s.reg.(poolctl.OrderBarriers).LiftPredecessors(ctx, s.registryKey(), b.Epoch, pb.Partition, lift); err != nil {
+			return err
+		}
+		s.changed = true
+		for j := range pb.Predecessors {
+			if slices.Contains(lift, pb.Predecessors[j].Shard) {
+				pb.Predecessors[j].LiftedAt = s.now
+			}
+		}
+	}
+	return nil
 }
 
 // findSwitch finds partition p's switch between before and after.
@@ -302,12 +392,7 @@ func orderBarrierStatus(b *poolctl.OrderBarrier, rep *barrierReport) *topologyv1
 		return nil
 	}
 	st := &topologyv1.OrderBarrierStatus{Epoch: b.Epoch, FromShards: int32(b.FromShards), ToShards: int32(b.ToShards),
-		Partitions: int32(len(b.Partitions))}
-	feeds := make(map[int][]int) // new shard -> old shards
-	pairs, _ := ownership.BarrierPairs(b.FromShards, b.ToShards)
-	for _, p := range pairs {
-		feeds[p.New] = append(feeds[p.New], p.Old)
-	}
+		FromPartitions: int32(b.FromPartitions), ToPartitions: int32(b.ToPartitions), Partitions: int32(len(b.Partitions))}
 	for _, pb := range b.Partitions {
 		if pb.Switched {
 			st.Switched++
@@ -316,42 +401,78 @@ func orderBarrierStatus(b *poolctl.OrderBarrier, rep *barrierReport) *topologyv1
 			st.Predecessors++
 			if pr.Lifted() {
 				st.Lifted++
-			} else if len(st.Draining) < maxBarrierListed {
-				u := ownership.Unit{Partition: pb.Partition, Shard: pr.Shard}
-				bd := topologyv1.BarrierDrain{Unit: u.String()}
-				if pb.Switched {
-					seq := int64(pb.SwitchSeq)
-					bd.SwitchSeq = &seq
-				}
-				if rep != nil {
-					if d, ok := rep.drains[u]; ok {
-						bd.AckFloor, bd.FirstOpen, bd.Pending, bd.AckPending = int64(d.AckFloor), int64(d.FirstOpen), int64(d.Pending), int64(d.AckPending)
-						st.Draining = append(st.Draining, bd)
-					}
-				}
-			}
-		}
-		for s := 0; s < b.ToShards; s++ {
-			var waits []string
-			for _, old := range feeds[s] {
-				if !pb.Lifted(old) {
-					waits = append(waits, ownership.Unit{Partition: pb.Partition, Shard: old}.String())
-				}
-			}
-			if len(waits) == 0 {
 				continue
 			}
-			st.UnitsWaiting++
-			if len(st.Waiting) < maxBarrierListed {
-				st.Waiting = append(st.Waiting, topologyv1.BarrierWait{Unit: ownership.Unit{Partition: pb.Partition, Shard: s}.String(), For: waits})
+			u := ownership.Unit{Partition: pb.Partition, Shard: pr.Shard}
+			d, read := natsops.Drain{}, false
+			if rep != nil {
+				d, read = rep.drains[u]
 			}
+			if !read || len(st.Draining) >= maxBarrierListed {
+				continue
+			}
+			bd := topologyv1.BarrierDrain{Unit: u.String(), AckFloor: int64(d.AckFloor), FirstOpen: int64(d.FirstOpen),
+				Pending: int64(d.Pending), AckPending: int64(d.AckPending), Mark: int64(pr.Mark)}
+			if pb.Switched {
+				seq := int64(pb.SwitchSeq)
+				bd.SwitchSeq = &seq
+			}
+			st.Draining = append(st.Draining, bd)
 		}
 	}
+	waiting := newUnitsWaiting(b)
+	st.UnitsWaiting = int32(len(waiting))
+	st.Waiting = waiting[:min(len(waiting), maxBarrierListed)]
 	if rep != nil {
 		st.CheckedAt = rep.checkedAt
 		st.Unread = rep.unread[:min(len(rep.unread), maxBarrierListed)]
+		st.PublishersBehind = rep.publishersBehind[:min(len(rep.publishersBehind), maxBarrierListed)]
 	}
 	return st
+}
+
+// newUnitsWaiting lists the new units that hold moved keys' rows for an
+// old unit not lifted yet, with those old units. A change of V: new
+// shard s of partition p waits for its predecessor shards in p. A change
+// of N: new unit (p', s) waits for (p, s) of each old partition p that
+// feeds p' (the shard stays).
+func newUnitsWaiting(b *poolctl.OrderBarrier) []topologyv1.BarrierWait {
+	var out []topologyv1.BarrierWait
+	wait := func(u ownership.Unit, feeds []ownership.Unit) {
+		var names []string
+		for _, old := range feeds {
+			if pb, ok := b.Partition(old.Partition); ok && !pb.Lifted(old.Shard) {
+				names = append(names, old.String())
+			}
+		}
+		if len(names) > 0 {
+			out = append(out, topologyv1.BarrierWait{Unit: u.String(), For: names})
+		}
+	}
+	if b.ChangesN() {
+		for p := range b.ToPartitions {
+			preds, _ := ownership.PartitionPredecessors(b.FromPartitions, b.ToPartitions, p)
+			for sh := range b.ToShards {
+				feeds := make([]ownership.Unit, len(preds))
+				for i, old := range preds {
+					feeds[i] = ownership.Unit{Partition: old, Shard: sh}
+				}
+				wait(ownership.Unit{Partition: p, Shard: sh}, feeds)
+			}
+		}
+		return out
+	}
+	for _, pb := range b.Partitions {
+		for sh := range b.ToShards {
+			preds, _ := ownership.Predecessors(b.FromShards, b.ToShards, sh)
+			feeds := make([]ownership.Unit, len(preds))
+			for i, old := range preds {
+				feeds[i] = ownership.Unit{Partition: pb.Partition, Shard: old}
+			}
+			wait(ownership.Unit{Partition: pb.Partition, Shard: sh}, feeds)
+		}
+	}
+	return out
 }
 
 // barrierMessage says in words what the barrier holds, "" when nothing.
@@ -363,8 +484,15 @@ func barrierMessage(st *topologyv1.OrderBarrierStatus) string {
 	for _, w := range st.Waiting {
 		names = append(names, fmt.Sprintf("%s for %v", w.Unit, w.For))
 	}
-	msg := fmt.Sprintf("order barrier of epoch %d (%d -> %d shards): %d units hold moved keys' rows until their old units drain (%d/%d old units drained, %d/%d switches recorded)",
-		st.Epoch, st.FromShards, st.ToShards, st.UnitsWaiting, st.Lifted, st.Predecessors, st.Switched, st.Partitions)
+	shape := fmt.Sprintf("%d -> %d shards", st.FromShards, st.ToShards)
+	if st.FromPartitions != 0 {
+		shape = fmt.Sprintf("%d -> %d partitions", st.FromPartitions, st.ToPartitions)
+	}
+	msg := fmt.Sprintf("order barrier of epoch %d (%s): %d units hold moved keys' rows until their old units drain (%d/%d old units drained, %d/%d switches recorded)",
+		st.Epoch, shape, st.UnitsWaiting, st.Lifted, st.Predecessors, st.Switched, st.Partitions)
+	if len(st.PublishersBehind) > 0 {
+		msg += fmt.Sprintf("; the switches wait for publishers still on an older epoch: %s", firstN(st.PublishersBehind, 3))
+	}
 	if len(names) > 0 {
 		msg += ": " + firstN(names, 3)
 	}

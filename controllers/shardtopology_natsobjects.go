@@ -189,13 +189,20 @@ func (s *scope) publishersBehind(ctx context.Context, active *poolctl.Epoch) ([]
 	}
 	pctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
-	epochs, err := natsops.PublisherEpochs(pctx, s.nc, layoutFor(s.topo, epochTopology(active)))
+	return s.publishersBefore(pctx, active.Number)
+}
+
+// publishersBefore lists, sorted, the publishers whose latest
+// acknowledgement (within publish.PublisherTTL) names an epoch older than
+// epoch, each with that epoch.
+func (s *scope) publishersBefore(ctx context.Context, epoch int64) ([]string, error) {
+	epochs, err := natsops.PublisherEpochs(ctx, s.nc, natsops.Layout{SubjectPrefix: s.topo.SubjectPrefix()})
 	if err != nil {
 		return nil, fmt.Errorf("read the publishers' acknowledged epochs: %w", err)
 	}
 	var behind []string
 	for name, e := range epochs {
-		if e < active.Number {
+		if e < epoch {
 			behind = append(behind, fmt.Sprintf("%s (epoch %d)", name, e))
 		}
 	}

@@ -614,8 +614,8 @@ var actWaitForPods = changeAction{name: "WaitForPods", step: topologyv1.StepProv
 
 var actWaitForBarrier = changeAction{name: "WaitForBarrier", step: topologyv1.StepProvision, run: func(_ context.Context, _ *ShardTopologyReconciler, s *scope, w *changeWorld) (ctrl.Result, error) {
 	b := s.activeBarrier()
-	s.change.message = fmt.Sprintf("%s waits for the order barrier of epoch %d (%d -> %d shards): a key moved again before its old unit drained would lose its order",
-		describeChange(w), b.Epoch, b.FromShards, b.ToShards)
+	s.change.message = fmt.Sprintf("%s waits for the order barrier of epoch %d (%s): a key moved again before its old unit drained would lose its order",
+		describeChange(w), b.Epoch, barrierChange(b))
 	return ctrl.Result{RequeueAfter: pollFast}, nil
 }}
 

@@ -302,8 +302,8 @@ const (
 	ShardAssignmentSubjectTransform ShardAssignment = "SubjectTransform"
 )
 
-// Ordering says whether a change of V keeps each key's rows in order across
-// the units the change moves the key between.
+// Ordering says whether a change of V or of N keeps each key's rows in
+// order across the units the change moves the key between.
 // +kubebuilder:validation:Enum=None;PerKey
 type Ordering string
 
@@ -314,8 +314,11 @@ const (
 	OrderingNone Ordering = "None"
 	// OrderingPerKey holds a moved key's rows in its new unit until every
 	// old unit that fed the key acknowledged all rows stored before the
-	// transform switched (the order barrier). Needs SubjectTransform
-	// assignment; a change of N is not ordered (refused while PerKey).
+	// switch to the new shape (the order barrier): for a change of V the
+	// transform's switch, for a change of N the stream's last row once
+	// every publisher acknowledged the new epoch (pkg/publish.Acknowledge;
+	// rows of publishers that never acknowledge are not ordered). Needs
+	// SubjectTransform assignment, and N and V changed one at a time.
 	OrderingPerKey Ordering = "PerKey"
 )
 
@@ -325,7 +328,7 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="self.partitions * self.shardsPerPartition <= 65536",message="partitions x shardsPerPartition must be at most 65536 units",fieldPath=".shardsPerPartition"
 // +kubebuilder:validation:XValidation:rule="!has(self.rollout) || !has(self.rollout.ordering) || self.rollout.ordering != 'PerKey' || (has(self.nats.shardAssignment) && self.nats.shardAssignment == 'SubjectTransform')",message="spec.rollout.ordering PerKey needs spec.nats.shardAssignment SubjectTransform: under Publisher assignment publishers switch epochs one by one, so no stream sequence separates a key's old rows from its new ones; set spec.rollout.ordering None or use SubjectTransform",fieldPath=".rollout.ordering"
-// +kubebuilder:validation:XValidation:rule="!has(self.rollout) || !has(self.rollout.ordering) || self.rollout.ordering != 'PerKey' || self.partitions == oldSelf.partitions",message="a change of spec.partitions is not ordered yet: with spec.rollout.ordering PerKey only a change of spec.shardsPerPartition keeps per-key order; set spec.rollout.ordering None for a change of partitions",fieldPath=".partitions"
+// +kubebuilder:validation:XValidation:rule="!has(self.rollout) || !has(self.rollout.ordering) || self.rollout.ordering != 'PerKey' || self.partitions == oldSelf.partitions || self.shardsPerPartition == oldSelf.shardsPerPartition",message="with spec.rollout.ordering PerKey, spec.partitions and spec.shardsPerPartition cannot change in one update: each keeps per-key order on its own; change one, let its rollout finish, then the other (or set spec.rollout.ordering None)",fieldPath=".partitions"
 type ShardTopologySpec struct {
 	// Partitions is N, the number of partition streams. Each partition is
 	// one JetStream stream. Changing it rolls out a new topology epoch.
@@ -889,14 +892,31 @@ type StrandedRowsStatus struct {
 type OrderBarrierStatus struct {
 	// Epoch is the epoch whose activation moved the keys.
 	Epoch int64 `json:"epoch"`
-	// FromShards and ToShards are V before and after the change.
+	// FromShards and ToShards are V before and after the change (equal
+	// for a change of N).
 	FromShards int32 `json:"fromShards"`
 	ToShards   int32 `json:"toShards"`
-	// Partitions is how many partition streams the barrier covers, and
-	// Switched how many of them have their switch sequence recorded (the
-	// last row the old transform routed).
+	// FromPartitions and ToPartitions are N before and after a change of
+	// N; absent for a change of V.
+	// +optional
+	FromPartitions int32 `json:"fromPartitions,omitempty"`
+	// +optional
+	ToPartitions int32 `json:"toPartitions,omitempty"`
+	// Partitions is how many partition streams the barrier covers (for a
+	// change of N, the old partitions whose keys move), and Switched how
+	// many of them have their switch sequence recorded: the last row the
+	// old shape routed (a change of V: the old transform's; a change of
+	// N: the stream's last row once every publisher acknowledged the new
+	// epoch).
 	Partitions int32 `json:"partitions"`
 	Switched   int32 `json:"switched"`
+	// PublishersBehind names up to 16 publishers (pkg/publish.Acknowledge)
+	// whose acknowledged epoch is older than Epoch, under a change of N:
+	// until each names the new epoch its old-N rows may still arrive, so
+	// no switch is recorded.
+	// +optional
+	// +listType=atomic
+	PublishersBehind []string `json:"publishersBehind,omitempty"`
 	// Predecessors counts the old units whose keys moved, and Lifted
 	// those that acknowledged every row up to their stream's switch.
 	Predecessors int32 `json:"predecessors"`
@@ -951,6 +971,11 @@ type BarrierDrain struct {
 	// Pending and AckPending are its undelivered and unacknowledged rows.
 	Pending    int64 `json:"pending"`
 	AckPending int64 `json:"ackPending"`
+	// Mark is the drained-to mark its holder recorded under a change of
+	// N (every row at or below it acknowledged, or a moved-in key's row
+	// the holder holds); absent when none was recorded.
+	// +optional
+	Mark int64 `json:"mark,omitempty"`
 }
 
 // ShardTopologyStatus is what the operator observed, as of

@@ -198,10 +198,12 @@ func TestUpdateTransitionRules(t *testing.T) {
 		}, "spec.nats.shardAssignment: Invalid value: shardAssignment is immutable"},
 		{"raising the version floor is accepted", nil, func(o *topologyv1.ShardTopology) { o.Spec.NATS.VersionFloor = "2.15.0" }, ""},
 		{"changing V with PerKey ordering is accepted", perKey, func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 12 }, ""},
-		{"changing N with PerKey ordering is refused", perKey, func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 6 },
-			"spec.partitions: Invalid value: a change of spec.partitions is not ordered yet"},
-		{"changing N while setting ordering None is accepted", perKey, func(o *topologyv1.ShardTopology) {
-			o.Spec.Partitions, o.Spec.Rollout.Ordering = 6, topologyv1.OrderingNone
+		{"changing N with PerKey ordering is accepted", perKey, func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 6 }, ""},
+		{"changing N and V at once with PerKey ordering is refused", perKey, func(o *topologyv1.ShardTopology) {
+			o.Spec.Partitions, o.Spec.ShardsPerPartition = 6, 12
+		}, "spec.partitions: Invalid value: with spec.rollout.ordering PerKey, spec.partitions and spec.shardsPerPartition cannot change in one update"},
+		{"changing N and V at once while setting ordering None is accepted", perKey, func(o *topologyv1.ShardTopology) {
+			o.Spec.Partitions, o.Spec.ShardsPerPartition, o.Spec.Rollout.Ordering = 6, 12, topologyv1.OrderingNone
 		}, ""},
 		{"turning PerKey on under Publisher assignment is refused", nil, func(o *topologyv1.ShardTopology) {
 			o.Spec.Rollout.Ordering = topologyv1.OrderingPerKey

@@ -74,12 +74,23 @@ type Publisher struct {
 	// number).
 	failed int
 	bursts chan burstRequest
-	stop   chan struct{}
-	done   chan struct{}
+	// switches carry SwitchEpoch's requests to the publishing goroutine,
+	// which alone reads and writes epoch: the epoch it acknowledged (0:
+	// none) and renews every PublisherTTL/3.
+	switches chan switchRequest
+	epoch    int64
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 type burstRequest struct {
 	n     int
+	reply chan error
+}
+
+type switchRequest struct {
+	topo  ownership.Topology
+	epoch int64
 	reply chan error
 }
 
@@ -131,7 +142,7 @@ func (f *Fleet) newPublisher(prefix string) *Publisher {
 		f.T.Fatal(err)
 	}
 	return &Publisher{f: f, js: js, idPrefix: prefix, acked: map[string]PublishedRow{},
-		bursts: make(chan burstRequest), stop: make(chan struct{}), done: make(chan struct{})}
+		bursts: make(chan burstRequest), switches: make(chan switchRequest), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // SetTopology switches the units rows go to, as publishers do once the
@@ -242,6 +253,8 @@ func (p *Publisher) run(rate int) {
 	defer close(p.done)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
+	renew := time.NewTicker(publish.PublisherTTL / 3)
+	defer renew.Stop()
 	for n := 0; ; {
 		select {
 		case <-p.stop:
@@ -251,6 +264,19 @@ func (p *Publisher) run(rate int) {
 			// order of their sequence numbers.
 			err := p.burst(&n, req.n)
 			req.reply <- err
+			continue
+		case req := <-p.switches:
+			// Here too: every row this goroutine published so far has
+			// its stream ack (or failed), so the acknowledgement
+			// follows the last row under the older epoch.
+			p.SetTopology(req.topo)
+			p.epoch = req.epoch
+			req.reply <- p.acknowledge()
+			continue
+		case <-renew.C:
+			if p.epoch > 0 {
+				_ = p.acknowledge() // the next renewal tries again
+			}
 			continue
 		case <-tick.C:
 		}
@@ -270,6 +296,28 @@ func (p *Publisher) run(rate int) {
 		row.StreamSeq = ack.Sequence
 		p.record(row)
 	}
+}
+
+// SwitchEpoch moves the publisher to t, the topology of active epoch
+// epoch, and acknowledges epoch as a publisher does
+// (pkg/publish.Acknowledge, the publisher named by its prefix): after
+// every row it published under the older epoch has its stream ack. It
+// renews the acknowledgement every PublisherTTL/3 from then on.
+func (p *Publisher) SwitchEpoch(t ownership.Topology, epoch int64) error {
+	req := switchRequest{topo: t, epoch: epoch, reply: make(chan error, 1)}
+	select {
+	case p.switches <- req:
+	case <-p.done:
+		return fmt.Errorf("switch to epoch %d: the publisher was stopped", epoch)
+	}
+	return <-req.reply
+}
+
+// acknowledge records p.epoch as the publisher's epoch.
+func (p *Publisher) acknowledge() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return publish.Acknowledge(ctx, p.js, p.f.Layout.SubjectPrefix, p.idPrefix, p.epoch)
 }
 
 func (p *Publisher) countFailed() {

@@ -174,7 +174,7 @@ func settledTo(ctx context.Context, jsa jsAPI, l Layout, p, s int, settled, seq 
 // unit (p, s) at or below seq is acknowledged or held as a moved-in key's
 // row when the mark reaches seq or the unit has no row between the mark
 // and seq. The operator lifts a change of N's old unit by it when held
-// rows keep the floor low (design.md section 8; not wired yet).
+// rows keep the floor low (design.md section 8).
 func MarkPasses(ctx context.Context, nc *nats.Conn, l Layout, p, s int, mark, seq uint64) (bool, error) {
 	ok, _, err := settledTo(ctx, jsAPI{nc}, l, p, s, mark, seq)
 	if err != nil {
@@ -185,7 +185,7 @@ func MarkPasses(ctx context.Context, nc *nats.Conn, l Layout, p, s int, mark, se
 
 // Mark is how far a unit's rows are known to be settled, as its holder
 // can say between batches under the order barrier of a change of N
-// (design.md section 8; not wired yet). There, rows of keys that move
+// (design.md section 8). There, rows of keys that move
 // into the unit arrive below its own switch S_p and wait in the holder,
 // unacknowledged, so the ack floor cannot pass S_p; the holder alone knows
 // which of the pending rows are such held rows.

@@ -2,8 +2,7 @@ package ownership
 
 import "hash/crc32"
 
-// The order barrier of a change of N (issue 24, design.md section 8;
-// not wired yet: admission still refuses a change of N under PerKey).
+// The order barrier of a change of N (issue 24, design.md section 8).
 //
 // A publisher puts a row of key k in partition KeyPartition(k, N) and the
 // stream's transform in shard PartitionShard(k, V). With V fixed, a change

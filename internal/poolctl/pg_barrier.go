@@ -20,11 +20,10 @@ import (
 // A change of V (FromPartitions 0): a partition's predecessors are its
 // old shards whose keys move to other shards (ownership.Predecessors),
 // and its switch is where the subject transform moved. A change of N
-// (FromPartitions and ToPartitions set, V unchanged; registry only, the
-// operator does not write one yet): Partitions are the old partitions
-// whose keys move (ownership.PartitionPredecessors), a predecessor is the
-// shard s of old unit (p, s), and the switch is S_p, the stream's last
-// row once every publisher acknowledged the new epoch.
+// (FromPartitions and ToPartitions set, V unchanged): Partitions are the
+// old partitions whose keys move (ownership.PartitionPredecessors), a
+// predecessor is the shard s of old unit (p, s), and the switch is S_p,
+// the stream's last row once every publisher acknowledged the new epoch.
 type OrderBarrier struct {
 	// Epoch is the epoch whose activation moved the keys.
 	Epoch int64
@@ -116,7 +115,8 @@ func (p PartitionBarrier) Lifted(s int) bool {
 // the old V, per partition a stream sequence read while the transform
 // routes over it, and the old shards whose keys move. A change of N: the
 // old N and V (unchanged), the old partitions whose keys move (Before's
-// keys, each 0: no transform moves), and every shard.
+// keys, each its stream's last sequence before the pending epoch was
+// written), and every shard.
 type BarrierStart struct {
 	FromShards int
 	// FromPartitions is the old N of a change of N, 0 for a change of V.
@@ -166,8 +166,8 @@ func nullablePartitions(n int) *int32 {
 // OrderBarriers is the registry side of the order barrier. PG implements
 // it; the writes are operator writes (fenced by the operator token).
 type OrderBarriers interface {
-	// CreateOrderedPending is CreatePending for a change of V (or, in
-	// the registry only so far, of N) that keeps per-key order: the new
+	// CreateOrderedPending is CreatePending for a change of V or of N
+	// that keeps per-key order: the new
 	// pending epoch and its barrier (nothing lifted, no switch recorded)
 	// are written together, deleting every earlier epoch's barrier, so
 	// every snapshot that shows the epoch pending shows its barrier, and

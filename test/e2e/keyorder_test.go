@@ -93,12 +93,15 @@ func TestKeyOrderAcrossAChangeOfNOrV(t *testing.T) {
 		{Name: "V32->48 ordering None", From: v32, To: v48, Ordering: historycheck.OrderingNone, Backlog: 8000, MinBacklog: 1000, SinkDelay: 400 * time.Millisecond},
 		{Name: "V32->48 ordering PerKey", From: v32, To: v48, Ordering: historycheck.OrderingPerKey, Spec: perKey, Backlog: 8000, MinBacklog: 1000, SinkDelay: 400 * time.Millisecond},
 		// A change of N moves keys between partition streams as a change
-		// of V moves them between shards: the publisher switches after the
+		// of V moves them between shards: the publisher switches at the
 		// activation and a moved key's new rows reach a unit with no
-		// backlog of its own. PerKey for a change of N is not built
-		// (refused at admission, design.md section 8): this row shows the
-		// check fires for it, for the PerKey row to come.
+		// backlog of its own. Under PerKey they wait there until the
+		// publisher acknowledged the new epoch and the old units settled
+		// their rows up to it; 4 -> 6 makes units feed each other (old
+		// 0 feeds new 2 and old 2 feeds new 0), so the lift comes from
+		// the holders' drained-to marks, not the ack floors alone.
 		{Name: "N4->6 ordering None", From: n4, To: n6, Ordering: historycheck.OrderingNone, Backlog: 3000, MinBacklog: 1000},
+		{Name: "N4->6 ordering PerKey", From: n4, To: n6, Ordering: historycheck.OrderingPerKey, Spec: perKey, Backlog: 3000, MinBacklog: 1000},
 	}
 	for i, in := range cases {
 		t.Run(in.Name, func(t *testing.T) {
@@ -203,6 +206,17 @@ func runKeyOrder(t *testing.T, in keyOrderInput, ns string) keyOrderResult {
 	t.Logf("%s: fleet of 3 pods ready at %s after %s", in.Name, in.From, time.Since(start).Round(time.Second))
 
 	pub := w.fleet.StartKeyedPublisher("ord", in.From, keyOrderKeys, keyOrderRate)
+	if in.From.Partitions != in.To.Partitions {
+		// A publisher picks the partition: under a change of N it says
+		// which epoch it publishes to (pkg/publish.Acknowledge).
+		sn, err := w.fleet.Registry.Snapshot(context.Background(), w.fleet.Topology)
+		if err != nil || sn.Active == nil {
+			t.Fatalf("active epoch before the change: %+v, %v", sn.Active, err)
+		}
+		if err := pub.SwitchEpoch(in.From, sn.Active.Number); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Traffic flows before the fault: the first rows reach the sink.
 	fleettest.Eventually(t, time.Minute, func() error {
 		if n := pub.Published(); n < keyOrderKeys {
@@ -230,7 +244,7 @@ func runKeyOrder(t *testing.T, in keyOrderInput, ns string) keyOrderResult {
 	live := make(chan atActivation, 1)
 	go func() {
 		var a atActivation
-		a.view = liveBacklogAtActivation(w, in.From, in.To)
+		a.view = liveBacklogAtActivation(w, pub, in.From, in.To)
 		if in.KillOldHolder {
 			a.killed, a.err = killOldHolderMidDrain(w, in.From)
 		}
@@ -281,17 +295,27 @@ func runKeyOrder(t *testing.T, in keyOrderInput, ns string) keyOrderResult {
 // liveBacklogAtActivation polls the registry until `to` is active and
 // then reads the rows the old units' consumers still hold (pending plus
 // delivered and unacknowledged): a live view beside the evidence's count.
-func liveBacklogAtActivation(w *world, from, to ownership.Topology) string {
+// A change of N moves the publisher (pub.SwitchEpoch) right when the
+// registry shows the new epoch active, as a publisher watching the active
+// epoch does: under PerKey the barrier's switches wait for it.
+func liveBacklogAtActivation(w *world, pub *fleettest.Publisher, from, to ownership.Topology) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	var epoch int64
 	for ctx.Err() == nil {
 		sn, err := w.fleet.Registry.Snapshot(ctx, w.fleet.Topology)
 		if err == nil && sn.Active != nil && sn.Active.Shards == to.Shards && sn.Active.Partitions == to.Partitions {
+			epoch = sn.Active.Number
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	seen := time.Now()
+	if from.Partitions != to.Partitions {
+		if err := pub.SwitchEpoch(to, epoch); err != nil {
+			return fmt.Sprintf("the publisher did not acknowledge epoch %d: %v", epoch, err)
+		}
+	}
 	js, err := jetstream.New(w.fleet.NATS.Connect(-1))
 	if err != nil {
 		return fmt.Sprintf("live backlog not read: %v", err)
@@ -484,19 +508,26 @@ func barrierTimesOf(in historycheck.Input, rows map[string]fleettest.PublishedRo
 	}
 	var after []time.Duration
 	for id, r := range rows {
-		k := pred{r.Unit.Partition, ownership.PartitionShard(r.Key, b.FromShards)}
+		shard := ownership.PartitionShard(r.Key, b.FromShards)
+		k := pred{r.Unit.Partition, shard}
 		lift, isPred := lifts[k]
-		if !isPred {
-			continue
-		}
-		pb, _ := b.Partition(k.partition)
-		if r.StreamSeq <= pb.SwitchSeq {
+		// Under a change of N a key moved into the partition is not the
+		// old unit's to drain: its rows there wait for another unit.
+		movedIn := b.ChangesN() && ownership.KeyPartition(r.Key, b.FromPartitions) != r.Unit.Partition
+		if pb, _ := b.Partition(k.partition); isPred && !movedIn && r.StreamSeq <= pb.SwitchSeq {
 			if at, ok := acked[id]; ok && at.After(drained[k]) {
 				drained[k] = at
 			}
 			continue
 		}
-		if at, ok := delivered[id]; ok && k.shard != ownership.PartitionShard(r.Key, b.ToShards) && !lift.IsZero() {
+		// A moved key's row after the switch: under a change of V its
+		// predecessor is in its own partition, under a change of N in
+		// the key's old partition.
+		moved := isPred && shard != ownership.PartitionShard(r.Key, b.ToShards)
+		if b.ChangesN() {
+			lift, moved = lifts[pred{ownership.KeyPartition(r.Key, b.FromPartitions), shard}], movedIn
+		}
+		if at, ok := delivered[id]; ok && moved && !lift.IsZero() {
 			after = append(after, at.Sub(later(lift, r.Acked)))
 		}
 	}

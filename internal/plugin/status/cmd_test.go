@@ -107,6 +107,19 @@ func TestPrintShowsTheRolloutStepByStep(t *testing.T) {
 			"0.6      draining: ack floor 150, switch at 200, 12 pending, 3 unacknowledged, first open row 161",
 			"not read: 0.7: context deadline exceeded",
 		}},
+		{"an order barrier of a change of N names the partitions and the publishers behind", func(o *topologyv1.ShardTopology) {
+			midRollout(o)
+			sw := int64(900)
+			o.Status.OrderBarrier = &topologyv1.OrderBarrierStatus{Epoch: 4, FromShards: 4, ToShards: 4, FromPartitions: 4, ToPartitions: 6,
+				Partitions: 4, Predecessors: 16, Lifted: 15, UnitsWaiting: 1, CheckedAt: ago(time.Second),
+				PublishersBehind: []string{"orders-api (epoch 3)"},
+				Waiting:          []topologyv1.BarrierWait{{Unit: "0.1", For: []string{"2.1"}}},
+				Draining:         []topologyv1.BarrierDrain{{Unit: "2.1", SwitchSeq: &sw, AckFloor: 850, Pending: 0, AckPending: 4, Mark: 870}}}
+		}, []string{
+			"Order:     barrier of epoch 4 (4 -> 6 partitions): 1 new units hold moved keys' rows; 15/16 old units drained, 0/4 switches recorded (checked 1s ago)",
+			"switches wait for publishers on an older epoch: orders-api (epoch 3)",
+			"2.1      draining: ack floor 850, switch at 900, 0 pending, 4 unacknowledged, holder's mark 870",
+		}},
 		{"a lifted order barrier says so", func(o *topologyv1.ShardTopology) {
 			midRollout(o)
 			o.Status.OrderBarrier = &topologyv1.OrderBarrierStatus{Epoch: 3, FromShards: 16, ToShards: 12, Partitions: 1, Switched: 1, Predecessors: 16, Lifted: 16}

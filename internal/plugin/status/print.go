@@ -294,8 +294,9 @@ func orDash(s string) string {
 }
 
 // printOrderBarrier shows the order barrier of the latest PerKey change of
-// V: the new units holding moved keys' rows, the old units they wait for,
-// and how far those were seen draining.
+// V or N: the new units holding moved keys' rows, the old units they wait
+// for, how far those were seen draining, and, for a change of N, the
+// publishers the switches wait for.
 func printOrderBarrier(w io.Writer, b *topologyv1.OrderBarrierStatus, now time.Time) {
 	if b == nil {
 		return
@@ -304,13 +305,20 @@ func printOrderBarrier(w io.Writer, b *topologyv1.OrderBarrierStatus, now time.T
 	if b.CheckedAt != nil {
 		checked = "checked " + Age(b.CheckedAt.Time, now) + " ago"
 	}
+	shape := fmt.Sprintf("%d -> %d shards", b.FromShards, b.ToShards)
+	if b.FromPartitions != 0 {
+		shape = fmt.Sprintf("%d -> %d partitions", b.FromPartitions, b.ToPartitions)
+	}
 	if b.UnitsWaiting == 0 {
-		fmt.Fprintf(w, "Order:     barrier of epoch %d (%d -> %d shards) lifted: all %d old units drained to the switch\n",
-			b.Epoch, b.FromShards, b.ToShards, b.Predecessors)
+		fmt.Fprintf(w, "Order:     barrier of epoch %d (%s) lifted: all %d old units drained to the switch\n",
+			b.Epoch, shape, b.Predecessors)
 		return
 	}
-	fmt.Fprintf(w, "Order:     barrier of epoch %d (%d -> %d shards): %d new units hold moved keys' rows; %d/%d old units drained, %d/%d switches recorded (%s)\n",
-		b.Epoch, b.FromShards, b.ToShards, b.UnitsWaiting, b.Lifted, b.Predecessors, b.Switched, b.Partitions, checked)
+	fmt.Fprintf(w, "Order:     barrier of epoch %d (%s): %d new units hold moved keys' rows; %d/%d old units drained, %d/%d switches recorded (%s)\n",
+		b.Epoch, shape, b.UnitsWaiting, b.Lifted, b.Predecessors, b.Switched, b.Partitions, checked)
+	if len(b.PublishersBehind) > 0 {
+		fmt.Fprintf(w, "           switches wait for publishers on an older epoch: %s\n", strings.Join(b.PublishersBehind, ", "))
+	}
 	for _, wt := range b.Waiting {
 		fmt.Fprintf(w, "           %-8s waits for %s\n", wt.Unit, strings.Join(wt.For, ", "))
 	}
@@ -325,6 +333,9 @@ func printOrderBarrier(w io.Writer, b *topologyv1.OrderBarrierStatus, now time.T
 		line := fmt.Sprintf("           %-8s draining: ack floor %d, %s, %d pending, %d unacknowledged", d.Unit, d.AckFloor, sw, d.Pending, d.AckPending)
 		if d.FirstOpen > 0 {
 			line += fmt.Sprintf(", first open row %d", d.FirstOpen)
+		}
+		if d.Mark > 0 {
+			line += fmt.Sprintf(", holder's mark %d", d.Mark)
 		}
 		fmt.Fprintln(w, line)
 	}

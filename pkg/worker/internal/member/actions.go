@@ -243,7 +243,7 @@ func (p *Permission) Holds(u ownership.Unit, seq uint64, key string) bool {
 	}
 	b := p.Barrier
 	if b.ChangesN() {
-		return holdsForN(b, u, key)
+		return holdsForN(b, u, seq, key)
 	}
 	pb, ok := b.Partition(u.Partition)
 	if !ok || u.Shard >= b.ToShards {
@@ -256,13 +256,18 @@ func (p *Permission) Holds(u ownership.Unit, seq uint64, key string) bool {
 	return moved && !pb.Lifted(old)
 }
 
-// holdsForN is Holds under the barrier of a change of N (not written by
-// the operator yet): a row of a key whose old partition is not u's can
-// only have been published under the new N (no publisher on the old one
-// sends the key to u), whatever its sequence, so it waits while the key's
-// old unit, in the same shard, is not lifted.
-func holdsForN(b *poolctl.OrderBarrier, u ownership.Unit, key string) bool {
+// holdsForN is Holds under the barrier of a change of N: a row of a key
+// whose old partition is not u's was published under the new N (no
+// publisher on the old one sends the key to u), so it waits while the
+// key's old unit, in the same shard, is not lifted. Unless it is stored
+// at or below the sequence u's stream had when the barrier was written,
+// before any publisher could use the new N: such a row is a key an
+// earlier change moved, older than the key's rows in its old partition.
+func holdsForN(b *poolctl.OrderBarrier, u ownership.Unit, seq uint64, key string) bool {
 	if u.Partition >= b.ToPartitions || u.Shard >= b.ToShards {
+		return false
+	}
+	if own, ok := b.Partition(u.Partition); ok && seq <= own.BeforeSeq {
 		return false
 	}
 	old, moved := ownership.MovedFromPartition(key, b.FromPartitions, u.Partition)

@@ -113,6 +113,12 @@ func barrierN4to6(lifted ...ownership.Unit) *poolctl.OrderBarrier {
 	return b
 }
 
+// before sets partition p's BeforeSeq in b.
+func before(b *poolctl.OrderBarrier, p int, seq uint64) *poolctl.OrderBarrier {
+	b.Partitions[p].BeforeSeq = seq
+	return b
+}
+
 // keyForN finds a key in shard shard (of V 4) that a change of N moves
 // from partition old (of 4) to neu (of 6).
 func keyForN(t *testing.T, old, neu, shard int) string {
@@ -147,6 +153,8 @@ func TestPermissionHoldsAMovedKeysRowsUnderAChangeOfNUntilItsOldUnitIsLifted(t *
 		{"a key moved into a new partition waits too", barrierN4to6(), u(4, 3), 3, into4, true},
 		{"an unmoved key never waits", barrierN4to6(), u(1, 2), 5, stays, false},
 		{"a key the old shape routed to the unit is not held there", barrierN4to6(), u(2, 1), 5, into0, false},
+		{"a row stored before the barrier was written never waits (an earlier change moved its key)", before(barrierN4to6(), 0, 40), u(0, 1), 40, into0, false},
+		{"a row above that sequence waits", before(barrierN4to6(), 0, 40), u(0, 1), 41, into0, true},
 	}
 	checkHolds(t, tests)
 }
