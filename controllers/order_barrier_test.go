@@ -149,10 +149,14 @@ func TestPerKeyChangeOfVLiftsEachOldUnitOnceDrainedToTheSwitch(t *testing.T) {
 // each old partition's last row once it names the new one, and lifts an
 // old unit once its ack floor passed the switch, or once its holder's
 // drained-to mark did (rows still pending: the floor alone would not).
+// An old unit whose unacknowledged rows reach max_ack_pending (as held
+// rows of keys moving in can make them) is named in status.
 func TestPerKeyChangeOfNRecordsTheSwitchOncePublishersMovedAndLiftsByFloorOrMark(t *testing.T) {
 	ctx := context.Background()
 	f := newFleet(t, fleetInput{partitions: 2, shards: 2, assignment: topologyv1.ShardAssignmentSubjectTransform})
 	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+	const ackLimit = 100
+	f.topo.Spec.NATS.MaxAckPending = ackLimit
 	f.withStatefulSet(0, "w")
 	startOperator(t, f.ns)
 	f.create()
@@ -172,7 +176,7 @@ func TestPerKeyChangeOfNRecordsTheSwitchOncePublishersMovedAndLiftsByFloorOrMark
 	acknowledge(1)
 	// A backlog in every old unit, routed as a publisher on N 2 routes.
 	l := natsops.Layout{SubjectPrefix: "shardkeeper"}
-	for i := range 100 {
+	for i := range 800 {
 		key := fmt.Sprintf("key%d", i)
 		if _, err := js.Publish(ctx, l.RowSubject(ownership.KeyPartition(key, 2), key), []byte("row")); err != nil {
 			t.Fatal(err)
@@ -256,11 +260,90 @@ func TestPerKeyChangeOfNRecordsTheSwitchOncePublishersMovedAndLiftsByFloorOrMark
 		t.Fatal("0.1 has no rows pending: the floor alone could have lifted it")
 	}
 
-	f.drain(1, 0)
+	// 1.0's consumer at its max_ack_pending: named in status.
+	held := f.holdUnacknowledged(1, 0, ackLimit)
+	f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
+		b := o.Status.OrderBarrier
+		if b == nil || !slices.Equal(b.AtAckLimit, []string{"1.0"}) {
+			return fmt.Errorf("order barrier %+v, want 1.0 at its ack limit", b)
+		}
+		if c := meta.FindStatusCondition(o.Status.Conditions, topologyv1.ConditionReady); c == nil || !strings.Contains(c.Message, "maxAckPending") {
+			return fmt.Errorf("Ready %+v: want its message to name the ack limit", c)
+		}
+		return nil
+	})
+	held.ackAll()
 	f.drain(1, 1)
 	waitEvent(t, f.ns, "OrderBarrierLifted", "change of N (2 -> 3 partitions)")
 	st = f.waitReady(60 * time.Second)
 	if b := st.Status.OrderBarrier; b == nil || b.Lifted != b.Predecessors || b.UnitsWaiting != 0 {
 		t.Fatalf("Ready with order barrier %+v: want every old unit lifted", b)
+	}
+}
+
+// heldRows are rows fetched from a unit's consumer and not acknowledged,
+// with the consumer handle that pulled them (it holds the pin).
+type heldRows struct {
+	f    *fleet
+	cons jetstream.Consumer
+	msgs []jetstream.Msg
+}
+
+// holdUnacknowledged fetches n rows of unit p.s and keeps them
+// unacknowledged, as a worker holding rows does.
+func (f *fleet) holdUnacknowledged(p, s, n int) *heldRows {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, err := jetstream.New(f.nc)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, fmt.Sprintf("SHARDKEEPER_INGEST_%d", p), fmt.Sprintf("ingest_%d_%d", p, s))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	h := &heldRows{f: f, cons: cons}
+	for len(h.msgs) < n && ctx.Err() == nil {
+		batch, err := cons.Fetch(n-len(h.msgs), jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			h.msgs = append(h.msgs, m)
+		}
+	}
+	if len(h.msgs) < n {
+		f.t.Fatalf("unit %d.%d gave %d rows, want %d held", p, s, len(h.msgs), n)
+	}
+	return h
+}
+
+// ackAll acknowledges the held rows and drains the rest of the unit with
+// the same handle (another would not hold the pin).
+func (h *heldRows) ackAll() {
+	h.f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, m := range h.msgs {
+		if err := m.DoubleAck(ctx); err != nil {
+			h.f.t.Fatal(err)
+		}
+	}
+	for {
+		batch, err := h.cons.Fetch(100, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+		if err != nil {
+			h.f.t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			if err := m.DoubleAck(ctx); err != nil {
+				h.f.t.Fatal(err)
+			}
+			got++
+		}
+		if got == 0 {
+			return
+		}
 	}
 }

@@ -96,6 +96,9 @@ type barrierReport struct {
 	// a change of N's barrier, as read this time: no switch is recorded
 	// while there is one.
 	publishersBehind []string
+	// ackLimit is the unit consumers' max_ack_pending, which a change of
+	// N's old unit may fill with held rows.
+	ackLimit int
 }
 
 // activeBarrier is the barrier of the active epoch, nil when the barrier
@@ -224,9 +227,9 @@ func orderBarrier(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ct
 	b := s.activeBarrier()
 	nctx, cancel := context.WithTimeout(ctx, natsOpTimeout)
 	defer cancel()
-	rep := &barrierReport{drains: map[ownership.Unit]natsops.Drain{}}
-	s.barrierRep = rep
 	l := s.barrierLayout(b)
+	rep := &barrierReport{drains: map[ownership.Unit]natsops.Drain{}, ackLimit: l.MaxAckPending}
+	s.barrierRep = rep
 	if err := s.recordSwitches(ctx, nctx, b, l, rep); err != nil {
 		return ctrl.Result{}, fmt.Errorf("order barrier: %w", err)
 	}
@@ -408,6 +411,9 @@ func orderBarrierStatus(b *poolctl.OrderBarrier, rep *barrierReport) *topologyv1
 			if rep != nil {
 				d, read = rep.drains[u]
 			}
+			if read && b.ChangesN() && rep.ackLimit > 0 && d.AckPending >= rep.ackLimit && len(st.AtAckLimit) < maxBarrierListed {
+				st.AtAckLimit = append(st.AtAckLimit, u.String())
+			}
 			if !read || len(st.Draining) >= maxBarrierListed {
 				continue
 			}
@@ -492,6 +498,10 @@ func barrierMessage(st *topologyv1.OrderBarrierStatus) string {
 		st.Epoch, shape, st.UnitsWaiting, st.Lifted, st.Predecessors, st.Switched, st.Partitions)
 	if len(st.PublishersBehind) > 0 {
 		msg += fmt.Sprintf("; the switches wait for publishers still on an older epoch: %s", firstN(st.PublishersBehind, 3))
+	}
+	if len(st.AtAckLimit) > 0 {
+		msg += fmt.Sprintf("; old units at spec.nats.maxAckPending unacknowledged rows, which held rows of keys moving in may fill so they receive nothing more (raise it): %s",
+			firstN(st.AtAckLimit, 3))
 	}
 	if len(names) > 0 {
 		msg += ": " + firstN(names, 3)

@@ -939,6 +939,14 @@ type OrderBarrierStatus struct {
 	// +optional
 	// +listType=atomic
 	Unread []string `json:"unread,omitempty"`
+	// AtAckLimit names up to 16 old units of a change of N whose
+	// unacknowledged rows reached spec.nats.maxAckPending as last read:
+	// rows of keys moving in, held there, may fill it, and then the unit
+	// receives nothing more, so it cannot settle its rows up to the
+	// switch and the barrier waits. Raise spec.nats.maxAckPending.
+	// +optional
+	// +listType=atomic
+	AtAckLimit []string `json:"atAckLimit,omitempty"`
 	// CheckedAt is when the operator last read the barrier's old units
 	// in NATS; absent when it did not this time.
 	// +optional

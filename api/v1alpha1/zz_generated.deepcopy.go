@@ -213,6 +213,11 @@ func (in *OrderBarrierStatus) DeepCopyInto(out *OrderBarrierStatus) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.AtAckLimit != nil {
+		in, out := &in.AtAckLimit, &out.AtAckLimit
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.CheckedAt != nil {
 		in, out := &in.CheckedAt, &out.CheckedAt
 		*out = (*in).DeepCopy()

@@ -312,6 +312,9 @@ func (s *scene) unitsOf(member string) []string {
 // follower moves the publisher to the active epoch's shape as soon as the
 // registry activates it, as a publisher that reads the topology does: new
 // units get rows from activation on, units that left get none after it.
+// Under ordering PerKey it also acknowledges each active epoch
+// (pkg/publish.Acknowledge), the first one included: a change of N's
+// order barrier records its switches only once the publishers did.
 type follower struct {
 	stopc chan struct{}
 	done  chan struct{}
@@ -320,6 +323,8 @@ type follower struct {
 func startFollower(s *scene, pub *fleettest.Publisher) *follower {
 	f := &follower{stopc: make(chan struct{}), done: make(chan struct{})}
 	cur := s.input.From
+	acknowledges := s.input.Ordering == topologyv1.OrderingPerKey
+	var acked int64
 	go func() {
 		defer close(f.done)
 		for {
@@ -332,7 +337,13 @@ func startFollower(s *scene, pub *fleettest.Publisher) *follower {
 			if err != nil || snap.Active == nil {
 				continue
 			}
-			if a := (ownership.Topology{Partitions: snap.Active.Partitions, Shards: snap.Active.Shards}); a != cur {
+			a := ownership.Topology{Partitions: snap.Active.Partitions, Shards: snap.Active.Shards}
+			switch {
+			case acknowledges && snap.Active.Number != acked:
+				if err := pub.SwitchEpoch(a, snap.Active.Number); err == nil {
+					cur, acked = a, snap.Active.Number
+				}
+			case !acknowledges && a != cur:
 				cur = a
 				pub.SetTopology(a)
 			}

@@ -48,6 +48,7 @@ func scenarios() []specInput {
 		scaleDown(base("10b", "scale-down 6x16->4x8, draining holder SIGTERMed", false, scaleDownHolderDies(shape(4, 8), syscall.SIGTERM))),
 		transform(base("11", "SubjectTransform V 8->16 reverted while Freezing", false, transformRevertedWhileFreezing(shape(2, 16)))),
 		ordered(base("15", "ordering PerKey V 8->16, an old unit's holder SIGKILLed mid-drain", false, orderedHolderDies(shape(2, 16)))),
+		ordered(base("15b", "ordering PerKey N 2->3, an old unit's holder SIGKILLed mid-drain", false, orderedHolderDies(shape(3, 8)))),
 		base("12a", "worker SIGKILLed and restarted, steady state", false, killedAndRestarted(nil)),
 		base("12b", "worker SIGKILLed and restarted mid-change", true, killedAndRestarted(&mid)),
 		shared(base("13", "two topologies on one NATS account and registry: V change beside a deletion", false, sharedAccountAndRegistry(mid))),

@@ -13,7 +13,8 @@ import (
 
 // ordered starts scenario 15 at 2 x 8 under a subject transform with
 // spec.rollout.ordering PerKey; the checker then fails any cross-unit
-// per-key inversion.
+// per-key inversion. The publisher acknowledges every active epoch
+// (startFollower), as a change of N needs.
 func ordered(in specInput) specInput {
 	in.From, in.Assignment, in.Ordering = shape(2, 8), topologyv1.ShardAssignmentSubjectTransform, topologyv1.OrderingPerKey
 	return in
@@ -23,7 +24,7 @@ func ordered(in specInput) specInput {
 // at the activation (10 rows a second a unit).
 const orderSinkDelay = 100 * time.Millisecond
 
-// orderedHolderDies changes V under ordering PerKey while every old unit
+// orderedHolderDies changes V or N under ordering PerKey while every old unit
 // holds a backlog (every sink slowed, a burst on every old unit), and
 // SIGKILLs, right after the activation, the holder of the old unit with
 // the most rows waiting. The order barrier must wait for that unit's
@@ -55,7 +56,8 @@ func orderedHolderDies(to ownership.Topology) func(*scene) {
 		s.signalPod(holder, syscall.SIGKILL)
 		// The fault lands mid-drain: rows still wait in the old unit,
 		// whose keys moved (every old shard of V 8 -> 16 feeds shard
-		// s + 8).
+		// s + 8; under N 2 -> 3 each old partition feeds the other and
+		// the new one).
 		if most < 20 {
 			s.t.Errorf("the held old unit with the most rows waiting had %d at the kill: the drain was (nearly) over", most)
 		}

@@ -101,7 +101,8 @@ func TestKeyOrderAcrossAChangeOfNOrV(t *testing.T) {
 		// 0 feeds new 2 and old 2 feeds new 0), so the lift comes from
 		// the holders' drained-to marks, not the ack floors alone.
 		{Name: "N4->6 ordering None", From: n4, To: n6, Ordering: historycheck.OrderingNone, Backlog: 3000, MinBacklog: 1000},
-		{Name: "N4->6 ordering PerKey", From: n4, To: n6, Ordering: historycheck.OrderingPerKey, Spec: perKey, Backlog: 3000, MinBacklog: 1000},
+		{Name: "N4->6 ordering PerKey, old holder SIGKILLed mid-drain", From: n4, To: n6, Ordering: historycheck.OrderingPerKey, Spec: perKey,
+			Backlog: 3000, MinBacklog: 1000, KillOldHolder: true},
 	}
 	for i, in := range cases {
 		t.Run(in.Name, func(t *testing.T) {
@@ -480,11 +481,21 @@ type barrierTimes struct {
 	afterLift waits
 	// unswitched counts partitions whose S was never recorded.
 	unswitched int
+	// Under a change of N: heldBelowS counts moved-in rows stored at or
+	// below their partition's S (published in the publishers' switch
+	// window), heldUnits the old units they were in (whose ack floors
+	// cannot pass S while they hold them), marked the old units whose
+	// holder recorded a drained-to mark.
+	heldBelowS, heldUnits, marked int
 }
 
 func (b barrierTimes) String() string {
-	return fmt.Sprintf("predecessors drained to S by %s after the activation, lifted by %s (each at most %s after its drain to S); moved rows' first delivery after their predecessor's lift: %s; partitions without S %d",
+	s := fmt.Sprintf("predecessors drained to S by %s after the activation, lifted by %s (each at most %s after its drain to S); moved rows' first delivery after their predecessor's lift: %s; partitions without S %d",
 		b.drainedToS.Round(10*time.Millisecond), b.lifted.Round(10*time.Millisecond), b.liftLag.Round(10*time.Millisecond), b.afterLift, b.unswitched)
+	if b.heldBelowS > 0 || b.marked > 0 {
+		s += fmt.Sprintf("; moved-in rows at or below S %d in %d old units, marks recorded for %d old units", b.heldBelowS, b.heldUnits, b.marked)
+	}
+	return s
 }
 
 // barrierTimesOf measures barrierTimes from the evidence, the publisher's
@@ -504,8 +515,12 @@ func barrierTimesOf(in historycheck.Input, rows map[string]fleettest.PublishedRo
 		for _, pr := range pb.Predecessors {
 			k := pred{pb.Partition, pr.Shard}
 			lifts[k], drained[k] = pr.LiftedAt, activated
+			if pr.Mark > 0 {
+				out.marked++
+			}
 		}
 	}
+	held := map[pred]bool{}
 	var after []time.Duration
 	for id, r := range rows {
 		shard := ownership.PartitionShard(r.Key, b.FromShards)
@@ -514,7 +529,14 @@ func barrierTimesOf(in historycheck.Input, rows map[string]fleettest.PublishedRo
 		// Under a change of N a key moved into the partition is not the
 		// old unit's to drain: its rows there wait for another unit.
 		movedIn := b.ChangesN() && ownership.KeyPartition(r.Key, b.FromPartitions) != r.Unit.Partition
-		if pb, _ := b.Partition(k.partition); isPred && !movedIn && r.StreamSeq <= pb.SwitchSeq {
+		pb, _ := b.Partition(k.partition)
+		switch {
+		case isPred && r.StreamSeq <= pb.SwitchSeq && movedIn:
+			// Published in the publishers' switch window: held in an
+			// old unit, whose ack floor cannot pass S meanwhile.
+			out.heldBelowS++
+			held[k] = true
+		case isPred && r.StreamSeq <= pb.SwitchSeq:
 			if at, ok := acked[id]; ok && at.After(drained[k]) {
 				drained[k] = at
 			}
@@ -539,6 +561,7 @@ func barrierTimesOf(in historycheck.Input, rows map[string]fleettest.PublishedRo
 		}
 	}
 	out.afterLift = summarize(after)
+	out.heldUnits = len(held)
 	return out
 }
 
