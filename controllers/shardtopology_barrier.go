@@ -162,7 +162,7 @@ func (s *scope) barrierStart(ctx context.Context, active *poolctl.Epoch, target 
 		err          error
 	)
 	if changesN {
-		parts, err = ownership.MovingShards(active.Partitions, target.Partitions)
+		parts, err = ownership.MovingPartitions(active.Partitions, target.Partitions)
 		for sh := range active.Shards {
 			preds = append(preds, sh)
 		}

@@ -38,6 +38,13 @@ func PartitionPredecessors(oldPartitions, newPartitions, newPartition int) ([]in
 	return Predecessors(oldPartitions, newPartitions, newPartition)
 }
 
+// MovingPartitions lists, sorted, the old partitions whose keys a change
+// of N from oldPartitions to newPartitions moves into another partition:
+// the ones an order barrier of the change waits for (in every shard).
+func MovingPartitions(oldPartitions, newPartitions int) ([]int, error) {
+	return MovingShards(oldPartitions, newPartitions)
+}
+
 // MovedFromPartition is the old partition a row of key found in partition
 // newPartition moved from, and whether it moved at all. A moved key's row
 // in its new partition was published under the new N: it waits there
