@@ -69,6 +69,13 @@ func (m *coreMember) Holds(_ time.Duration, unit string, seq uint64, key string)
 	return err == nil && m.perm.Holds(u, seq, key)
 }
 
+func (m *coreMember) Barrier() *poolctl.OrderBarrier {
+	if m.perm == nil {
+		return nil
+	}
+	return m.perm.Barrier
+}
+
 func (m *coreMember) Step(now time.Duration, ev Event) []Action {
 	switch ev.Kind {
 	case EvTimer:

@@ -22,6 +22,11 @@ type msg struct {
 	key        string // the row's key in an ordered run, "" otherwise
 	state      msgState
 	deliveries uint64 // NATS's delivery count
+	// pending: in the consumer's pending set (nats-server's o.pending,
+	// what num_ack_pending counts): delivered and not acknowledged since.
+	// A nak or an ack_wait expiry keeps it there; an ack or a RESET takes
+	// it out.
+	pending bool
 	to         *process
 	ackBy      int64 // in flight: redelivered after this instant (ack_wait)
 }
@@ -34,6 +39,9 @@ type consumer struct {
 	// request, from which the pinned TTL runs.
 	pin      *process
 	pinnedAt int64
+	// delivered is the highest stream sequence delivered since the last
+	// RESET (the consumer info's delivered.stream_seq).
+	delivered uint64
 }
 
 // pinned returns the pinned process, letting a pin lapse whose holder has
@@ -64,7 +72,8 @@ func (c *consumer) fetch(p *process, now int64, batch int, ttl, ackWait int64) (
 		if m.state != msgAvailable {
 			continue
 		}
-		m.state, m.to, m.ackBy = msgInFlight, p, now+ackWait
+		m.state, m.to, m.ackBy, m.pending = msgInFlight, p, now+ackWait, true
+		c.delivered = max(c.delivered, m.seq)
 		m.deliveries++
 		out = append(out, delivered{m: m, deliveries: m.deliveries})
 	}
@@ -86,7 +95,7 @@ type delivered struct {
 // whoever sends it; a row acked already stays acked.
 func (c *consumer) ack(m *msg) {
 	if m.state != msgAcked {
-		m.state, m.to = msgAcked, nil
+		m.state, m.to, m.pending = msgAcked, nil, false
 	}
 }
 
@@ -110,13 +119,40 @@ func (c *consumer) inProgress(m *msg, deliveries uint64, now, ackWait int64) {
 func (c *consumer) unpin() { c.pin = nil }
 
 // reset moves the consumer back to its ack floor: every row not acked is
-// available again at once.
+// available again at once, nothing is pending, and delivered goes back
+// to the floor.
 func (c *consumer) reset() {
 	for _, m := range c.msgs {
 		if m.state == msgInFlight {
 			m.state, m.to = msgAvailable, nil
 		}
+		m.pending = false
 	}
+	c.delivered = c.ackFloor()
+}
+
+// ackFloor is the consumer's ack floor: just below its first row not
+// acknowledged, or its last row when every one is.
+func (c *consumer) ackFloor() uint64 {
+	floor := uint64(0)
+	for _, m := range c.msgs {
+		if m.state != msgAcked {
+			return m.seq - 1
+		}
+		floor = m.seq
+	}
+	return floor
+}
+
+// ackPending counts the pending rows (num_ack_pending).
+func (c *consumer) ackPending() int {
+	n := 0
+	for _, m := range c.msgs {
+		if m.pending {
+			n++
+		}
+	}
+	return n
 }
 
 // unacked counts rows not acked yet.

@@ -23,6 +23,9 @@ type Member interface {
 	// unit must wait for the order barrier now (issue 24). Pullers ask
 	// at every row of an ordered run, after May.
 	Holds(now time.Duration, unit string, seq uint64, key string) bool
+	// Barrier is the order barrier Holds applies (nil: none): a holder
+	// of an old unit of a change of N records its drained-to mark for it.
+	Barrier() *poolctl.OrderBarrier
 }
 
 // EventKind says what an Event carries.

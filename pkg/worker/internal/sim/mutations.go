@@ -21,15 +21,21 @@ const (
 	// (issue 24), which let a member that kept a unit across the
 	// activation deliver moved keys' rows before it read the barrier.
 	MutHidePendingBarrier = "barrier-hidden-while-pending"
+	// MutMarkPastPending records a drained-to mark at the last row
+	// delivered even when rows other than the held ones are pending
+	// (in a handler, nak'd, or a dead predecessor's): natsops.MarkOf
+	// without its count.
+	MutMarkPastPending = "mark-past-pending-rows"
 )
 
 // WorldMutations lists the simulator's own mutations.
-var WorldMutations = []string{MutAdoptLive, MutNoGrace, MutNoSinkGuard, MutHidePendingBarrier}
+var WorldMutations = []string{MutAdoptLive, MutNoGrace, MutNoSinkGuard, MutHidePendingBarrier, MutMarkPastPending}
 
 // mutations is what a run breaks on the simulator's side.
 type mutations struct {
-	registry    string
-	noSinkGuard bool
+	registry        string
+	noSinkGuard     bool
+	markPastPending bool
 }
 
 func parseMutation(name string) mutations {
@@ -38,6 +44,8 @@ func parseMutation(name string) mutations {
 		return mutations{registry: name}
 	case MutNoSinkGuard:
 		return mutations{noSinkGuard: true}
+	case MutMarkPastPending:
+		return mutations{markPastPending: true}
 	}
 	return mutations{}
 }

@@ -17,19 +17,36 @@ import (
 // publisher sends keyed rows to partition streams; a modeled subject
 // transform routes each to shard PartitionShard(key, V) of its partition,
 // V being what the transform routes over (the active epoch's, moved at
-// activation). A change of V is written with its order barrier
+// activation).
+//
+// Half of them change V: the change is written with its order barrier
 // (CreateOrderedPending), the operator records each stream's switch (the
 // last row the old transform routed) a while after the activation, and
 // lifts an old unit once its consumer acknowledged every row at or below
-// the switch. The judge checks per-key order (historycheck's PerKey).
+// the switch. The other half change N (2 -> 3, V fixed): the publisher
+// picks the partition (CRC-32 of the key mod its N) and moves to the new
+// N a while after the activation, then acknowledges the epoch a while
+// later still (rows of moved keys published in between land below the
+// switch, in old units that hold them); the operator records each old
+// partition's switch as its stream's last row once the publisher
+// acknowledged, and lifts an old unit by the ack floor's test or by the
+// drained-to mark its holder records between batches (puller.go,
+// recordMark; natsops.MarkOf's rule on the modeled consumer). The judge
+// checks per-key order (historycheck's PerKey).
 
 // orderState is the ordered run's world: streams, transform, keys and
 // the barrier the operator moves on.
 type orderState struct {
+	// changesN: the run's changes are of N, not of V.
+	changesN bool
 	// seq is each partition stream's last sequence; routeV the shard
 	// count its transform routes over.
-	seq    [simPartitions]uint64
-	routeV [simPartitions]int
+	seq    [maxPartitions]uint64
+	routeV [maxPartitions]int
+	// pubN is the N the publisher routes over, and acked the epoch it
+	// acknowledged (pkg/publish.Acknowledge).
+	pubN  int
+	acked int64
 	// keys are the publisher's per-key sequences, by row id; next counts
 	// each key's rows.
 	keys map[string]historycheck.KeyedRow
@@ -37,12 +54,16 @@ type orderState struct {
 	// switched: partitions whose switch is recorded, for the barrier of
 	// epoch barrierEpoch.
 	barrierEpoch int64
-	switchAt     [simPartitions]uint64
-	recorded     [simPartitions]bool
+	switchAt     [maxPartitions]uint64
+	recorded     [maxPartitions]bool
 }
 
-// simPartitions is N in every run.
-const simPartitions = 2
+// simPartitions is N at the start of every run, maxPartitions the most a
+// change of N makes it.
+const (
+	simPartitions = 2
+	maxPartitions = 3
+)
 
 // orderedKeys is how many keys the publisher uses: few, so each key gets
 // rows on both sides of a change.
@@ -71,8 +92,14 @@ func drawOrdered(seed int64) bool {
 	return rand.New(rand.NewPCG(uint64(seed), 0x0bde)).IntN(3) == 0
 }
 
-func newOrderState(v int) *orderState {
-	o := &orderState{keys: map[string]historycheck.KeyedRow{}, next: map[string]int64{}}
+// drawOrderedN decides whether an ordered seed changes N.
+func drawOrderedN(seed int64) bool {
+	return rand.New(rand.NewPCG(uint64(seed), 0x0bdf)).IntN(2) == 0
+}
+
+func newOrderState(v int, changesN bool) *orderState {
+	o := &orderState{changesN: changesN, pubN: simPartitions, acked: 1,
+		keys: map[string]historycheck.KeyedRow{}, next: map[string]int64{}}
 	for p := range o.routeV {
 		o.routeV[p] = v
 	}
@@ -99,40 +126,57 @@ func (w *world) publishKeyed(p int, key string) (id, unit string) {
 // to the key's partition (pkg/publish's: CRC-32 of the key mod N).
 func (w *world) publishOrdered() (id, unit string) {
 	key := fmt.Sprintf("k%d", w.s.rng.IntN(orderedKeys))
-	return w.publishKeyed(publish.Topology{Partitions: simPartitions}.Partition(key), key)
+	return w.publishKeyed(publish.Topology{Partitions: w.order.pubN}.Partition(key), key)
 }
 
-// publishProbe publishes a row of a key of its own that the transform
-// routes to unit now.
-func (w *world) publishProbe(unit string) string {
+// publishProbe publishes a row of a key of its own that the publisher
+// sends to unit's partition under the active N and the transform routes
+// to unit now.
+func (w *world) publishProbe(unit string, partitions int) string {
 	u, err := ownership.ParseUnit(unit)
 	must(err)
 	for i := 0; ; i++ {
-		if k := fmt.Sprintf("probe-%s-%d", unit, i); ownership.PartitionShard(k, w.order.routeV[u.Partition]) == u.Shard {
+		k := fmt.Sprintf("probe-%s-%d", unit, i)
+		if ownership.KeyPartition(k, partitions) == u.Partition && ownership.PartitionShard(k, w.order.routeV[u.Partition]) == u.Shard {
 			id, _ := w.publishKeyed(u.Partition, k)
 			return id
 		}
 	}
 }
 
-// createPending writes the pending epoch of 2 x shards: ordered runs write
-// a change of V with its barrier, from the streams' sequences now.
-func (w *world) createPending(active *poolctl.Epoch, shards int) (int64, error) {
+// createPending writes the pending epoch of target: ordered runs write a
+// change of V or of N with its barrier, from the streams' sequences now.
+func (w *world) createPending(active *poolctl.Epoch, target ownership.Topology) (int64, error) {
 	ctx := context.Background()
-	if w.order == nil || active.Shards == shards {
-		return w.twin.CreatePending(ctx, topology, simPartitions, shards)
+	if w.order == nil || (active.Shards == target.Shards && active.Partitions == target.Partitions) {
+		return w.twin.CreatePending(ctx, topology, target.Partitions, target.Shards)
 	}
-	return w.twin.CreateOrderedPending(ctx, topology, simPartitions, shards, w.barrierStart(active.Shards, shards))
+	return w.twin.CreateOrderedPending(ctx, topology, target.Partitions, target.Shards, w.barrierStart(active, target))
 }
 
-// barrierStart is the barrier of a change of V from `from` to `to`, read
-// from the streams now.
-func (w *world) barrierStart(from, to int) poolctl.BarrierStart {
-	preds, err := ownership.MovingShards(from, to)
+// barrierStart is the barrier of a change from active to target, read
+// from the streams now: for a change of V the old shards whose keys move,
+// for a change of N the old partitions whose keys move, every shard of
+// each.
+func (w *world) barrierStart(active *poolctl.Epoch, target ownership.Topology) poolctl.BarrierStart {
+	st := poolctl.BarrierStart{FromShards: active.Shards, Before: map[int]uint64{}}
+	parts := make([]int, active.Partitions)
+	for p := range parts {
+		parts[p] = p
+	}
+	var err error
+	if active.Partitions != target.Partitions {
+		st.FromPartitions = active.Partitions
+		parts, err = ownership.MovingPartitions(active.Partitions, target.Partitions)
+		for s := range active.Shards {
+			st.Predecessors = append(st.Predecessors, s)
+		}
+	} else {
+		st.Predecessors, err = ownership.MovingShards(active.Shards, target.Shards)
+	}
 	must(err)
-	st := poolctl.BarrierStart{FromShards: from, Before: map[int]uint64{}, Predecessors: preds}
-	for p, seq := range w.order.seq {
-		st.Before[p] = seq
+	for _, p := range parts {
+		st.Before[p] = w.order.seq[p]
 	}
 	return st
 }
@@ -144,26 +188,40 @@ func (w *world) barrierUp(snap poolctl.Snapshot) bool {
 	return w.order != nil && b != nil && snap.Active != nil && b.Epoch == snap.Active.Number && !b.Lifted()
 }
 
-// activated is the operator's work right after it activated epoch e of
-// shards from `from`: the transform moves (the last row each stream
-// routed over the old V is the switch), and the switch is recorded a
-// while later, as the operator finds it.
-func (w *world) activated(e int64, from, shards int) {
+// activated is the operator's work right after it activated epoch e
+// (from `from` to `to`). A change of V: the transform moves (the last row
+// each stream routed over the old V is the switch), and the switch is
+// recorded a while later, as the operator finds it. A change of N: the
+// publisher moves to the new N a while later and acknowledges the epoch
+// a while after that; the switches wait for the acknowledgement.
+func (w *world) activated(e int64, from, to ownership.Topology) {
 	o := w.order
-	if o == nil || from == shards {
+	if o == nil || from == to {
 		return
 	}
 	o.barrierEpoch = e
-	for p := range o.routeV {
-		o.routeV[p] = shards
-		o.switchAt[p], o.recorded[p] = o.seq[p], false
+	o.recorded = [maxPartitions]bool{}
+	if from.Partitions != to.Partitions {
+		w.s.after(w.s.between(0, 800*ms), nil, func() {
+			o.pubN = to.Partitions
+			w.tracef("publisher: moved to %d partitions", to.Partitions)
+			w.s.after(w.s.between(0, 800*ms), nil, func() {
+				o.acked = e
+				w.tracef("publisher: acknowledged epoch %d", e)
+			})
+		})
+		return
 	}
-	w.tracef("operator: transform moved to %d shards at sequences %v", shards, o.switchAt)
+	for p := range o.routeV {
+		o.routeV[p] = to.Shards
+		o.switchAt[p] = o.seq[p]
+	}
+	w.tracef("operator: transform moved to %d shards at sequences %v", to.Shards, o.switchAt)
 }
 
 // barrierStep is the operator's OrderBarrier step, every operator step:
 // record each partition's switch once found (after a random delay), and
-// lift the old units drained to it.
+// lift the old units settled up to it.
 func (w *world) barrierStep() {
 	o := w.order
 	if o == nil || o.barrierEpoch == 0 {
@@ -175,24 +233,25 @@ func (w *world) barrierStep() {
 	if b == nil || b.Epoch != o.barrierEpoch {
 		return
 	}
-	for p := range o.recorded {
+	for _, pb := range b.Partitions {
+		p := pb.Partition
 		if !o.recorded[p] {
-			if w.s.rng.IntN(3) == 0 {
-				continue // not found yet: workers hold what came after the sequence read before
+			if w.s.rng.IntN(3) == 0 || (b.ChangesN() && o.acked < b.Epoch) {
+				continue // not found yet, or the publisher not moved: workers hold what came after the sequence read before
+			}
+			if b.ChangesN() {
+				o.switchAt[p] = o.seq[p]
 			}
 			must(w.twin.RecordSwitch(ctx, topology, o.barrierEpoch, p, o.switchAt[p]))
 			o.recorded[p] = true
 			w.tracef("operator: switch of partition %d recorded at %d", p, o.switchAt[p])
 			continue
 		}
-		pb, ok := b.Partition(p)
-		if !ok {
-			continue
-		}
 		var lift []int
-		for _, s := range pb.Waiting() {
-			if w.drainedTo(fmt.Sprintf("%d.%d", p, s), o.switchAt[p]) {
-				lift = append(lift, s)
+		for _, pr := range pb.Predecessors {
+			unit := fmt.Sprintf("%d.%d", p, pr.Shard)
+			if !pr.Lifted() && (w.drainedTo(unit, o.switchAt[p]) || w.markPasses(unit, pr.Mark, o.switchAt[p])) {
+				lift = append(lift, pr.Shard)
 			}
 		}
 		if len(lift) > 0 {
@@ -207,6 +266,20 @@ func (w *world) barrierStep() {
 func (w *world) drainedTo(unit string, seq uint64) bool {
 	for _, m := range w.cons[unit].msgs {
 		if m.seq <= seq && m.state != msgAcked {
+			return false
+		}
+	}
+	return true
+}
+
+// markPasses is natsops.MarkPasses on the model: a recorded mark (0:
+// none) reaches seq, or unit has no row above it and at or below seq.
+func (w *world) markPasses(unit string, mark, seq uint64) bool {
+	if mark == 0 {
+		return false
+	}
+	for _, m := range w.cons[unit].msgs {
+		if m.seq > mark && m.seq <= seq {
 			return false
 		}
 	}

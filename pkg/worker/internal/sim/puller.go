@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"time"
 
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -36,6 +37,8 @@ type puller struct {
 	held     []delivered
 	heldKeys map[string]int
 	keptAt   int64
+	// markedAt is when the puller last measured its drained-to mark.
+	markedAt int64
 }
 
 type stopMode int
@@ -155,6 +158,7 @@ func (pl *puller) fetch() {
 		w.s.after(100*ms, p, pl.fetch)
 		return
 	}
+	pl.recordMark()
 	pl.fetching = true
 	start := w.s.now
 	c := w.cons[pl.unit]
@@ -293,6 +297,44 @@ func (pl *puller) finish() {
 	}
 	w.tracef("%s puller %s@%d stopped (withheld %v)", p.id, pl.unit, pl.tok.Epoch, pl.withheld)
 	w.deliver(p, Event{Kind: EvPullerStopped, Unit: pl.unit, Puller: pl.id, Withheld: pl.withheld, DrainTimedOut: pl.timedOut})
+}
+
+// markEvery is pkg/worker's bound on how often a puller measures its
+// drained-to mark.
+const markEvery = 500 * ms
+
+// recordMark is pkg/worker's puller's, between batches: while a change of
+// N's barrier waits for the unit, at most every markEvery, read the
+// consumer (natsops.MarkOf: when its pending rows are as many as the rows
+// held, every row up to the last delivered is acknowledged or held; else
+// the ack floor) and record the mark under the claim token
+// (poolctl.OrderMarks, guarded). Both requests take their time on the
+// way, and acks sent before may land after the read.
+func (pl *puller) recordMark() {
+	w, p := pl.w, pl.p
+	b := p.member.Barrier()
+	if b == nil || !b.ChangesN() || w.s.now-pl.markedAt < markEvery {
+		return
+	}
+	u := mustUnit(pl.unit)
+	if pb, ok := b.Partition(u.Partition); !ok || pb.Lifted(u.Shard) {
+		return
+	}
+	pl.markedAt = w.s.now
+	if p.cut(w.s.now) {
+		return
+	}
+	c, held, tok := w.cons[pl.unit], len(pl.held), pl.tok
+	w.s.after(w.s.between(100*1000, 2*ms), nil, func() {
+		mark := c.ackFloor()
+		if c.ackPending() == held || w.mut.markPastPending {
+			mark = c.delivered
+		}
+		w.s.after(w.s.between(100*1000, 2*ms), nil, func() {
+			err := w.twin.MarkDrained(context.Background(), tok, b.Epoch, mark)
+			w.tracef("%s marks %s drained to %d (barrier of epoch %d, %d held): %v", p.id, pl.unit, mark, b.Epoch, held, err)
+		})
+	})
 }
 
 // holds reports whether the barrier holds d: a row of a key with a row

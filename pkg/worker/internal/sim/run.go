@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
 )
 
@@ -132,7 +133,7 @@ func (w *world) publishProbes() {
 	for _, u := range w.units {
 		var id string
 		if w.order != nil {
-			id = w.publishProbe(u)
+			id = w.publishProbe(u, w.activeN())
 		} else {
 			id = w.publish(u)
 		}
@@ -142,8 +143,8 @@ func (w *world) publishProbes() {
 }
 
 // freeze is the operator's topology change: a pending epoch (with one
-// more shard per partition when grow), activated once every live member
-// acknowledged it.
+// more shard per partition when grow, or one more partition in a run
+// that changes N), activated once every live member acknowledged it.
 func (w *world) freeze(grow bool) {
 	if w.pendingEpoch != 0 {
 		return // one change at a time: the operator waits for the last
@@ -153,14 +154,29 @@ func (w *world) freeze(grow bool) {
 	if w.barrierUp(snap) {
 		return // and for the last change's order barrier
 	}
-	shards := snap.Active.Shards
-	if grow && shards < 3 {
-		shards++
+	target := ownership.Topology{Partitions: snap.Active.Partitions, Shards: snap.Active.Shards}
+	switch {
+	case grow && w.order != nil && w.order.changesN:
+		target.Partitions = min(target.Partitions+1, maxPartitions)
+	case grow && target.Shards < 3:
+		target.Shards++
 	}
-	e, err := w.createPending(snap.Active, shards)
+	e, err := w.createPending(snap.Active, target)
 	must(err)
-	w.tracef("operator: epoch %d (2x%d) pending", e, shards)
+	w.tracef("operator: epoch %d (%s) pending", e, target)
 	w.pendingEpoch, w.pendingSince = e, w.s.now
+}
+
+// epochShape is e's N x V.
+func epochShape(e *poolctl.Epoch) ownership.Topology {
+	return ownership.Topology{Partitions: e.Partitions, Shards: e.Shards}
+}
+
+// activeN is the active epoch's N.
+func (w *world) activeN() int {
+	snap, err := w.twin.Snapshot(context.Background(), topology)
+	must(err)
+	return snap.Active.Partitions
 }
 
 // operatorStep tries to activate the pending epoch every 250ms.
@@ -178,7 +194,7 @@ func (w *world) operatorStep() {
 			w.setUnits(snap.Active.Partitions, snap.Active.Shards)
 			w.activatedAt[w.pendingEpoch] = w.s.now
 			w.tracef("operator: epoch %d active", w.pendingEpoch)
-			w.activated(w.pendingEpoch, before.Active.Shards, snap.Active.Shards)
+			w.activated(w.pendingEpoch, epochShape(before.Active), epochShape(snap.Active))
 			w.pendingEpoch = 0
 		case errors.As(err, &fi):
 		default:

@@ -122,12 +122,20 @@ func (m *standin) May(now time.Duration, unit string, tok poolctl.Token) bool {
 // Holds is the order barrier's rule, written apart from the core's: a
 // row of a key that moved into unit, stored after the switch (after the
 // sequence read before, while the switch is not recorded), waits while
-// the key's old unit is not lifted.
+// the key's old unit is not lifted. Under a change of N a row moved in
+// is one whose key the old N put in another partition, whatever its
+// sequence above the one read before.
 func (m *standin) Holds(_ time.Duration, unit string, seq uint64, key string) bool {
 	b := m.barrier
 	u, err := ownership.ParseUnit(unit)
 	if b == nil || err != nil || u.Shard >= b.ToShards {
 		return false
+	}
+	if b.ChangesN() {
+		from := ownership.KeyPartition(key, b.FromPartitions)
+		own, mine := b.Partition(u.Partition)
+		old, fed := b.Partition(from)
+		return u.Partition < b.ToPartitions && from != u.Partition && (!mine || seq > own.BeforeSeq) && fed && !old.Lifted(u.Shard)
 	}
 	pb, ok := b.Partition(u.Partition)
 	if !ok {
@@ -140,6 +148,8 @@ func (m *standin) Holds(_ time.Duration, unit string, seq uint64, key string) bo
 	old := ownership.PartitionShard(key, b.FromShards)
 	return seq > after && old != u.Shard && !pb.Lifted(old)
 }
+
+func (m *standin) Barrier() *poolctl.OrderBarrier { return m.barrier }
 
 func (m *standin) Step(now time.Duration, ev Event) []Action {
 	switch ev.Kind {

@@ -218,7 +218,7 @@ func newWorld(cfg Config) *world {
 	w.activatedAt[e] = 0
 	w.setUnits(2, 2)
 	if drawOrdered(cfg.Seed) {
-		w.order = newOrderState(2)
+		w.order = newOrderState(2, drawOrderedN(cfg.Seed))
 	}
 	w.plan = newPlan(cfg, rand.New(rand.NewPCG(uint64(cfg.Seed), 0xfa17)))
 	return w
