@@ -226,7 +226,7 @@ func MarkOf(ctx context.Context, js jetstream.JetStream, ref ConsumerRef, held i
 		return Mark{}, fmt.Errorf("read consumer %s: %w", ref, err)
 	}
 	ci := c.CachedInfo() // read by the lookup just made
-	if ci.NumAckPending == held {
+	if ci.NumAckPending == held || !markCountsPending {
 		return Mark{Seq: ci.Delivered.Stream, Exact: true, AckPending: ci.NumAckPending}, nil
 	}
 	return Mark{Seq: ci.AckFloor.Stream, AckPending: ci.NumAckPending}, nil

@@ -8,12 +8,13 @@
 // The copy of the tree is virtual: go's -overlay flag replaces one hook
 // file with a mutated copy for every build of the run, the test binary's
 // and the worker binary the test builds (fleettest.BuildWorker inherits
-// GOFLAGS). The hooks are three small files that leave the code unchanged
+// GOFLAGS). The hooks are four small files that leave the code unchanged
 // in every real build: pkg/worker/coremutation.go (the member core's
 // config: member.Mutate), internal/poolctl/pg_mutate.go (the PostgreSQL
 // registry's claim decision: the same bend the twin applies for the
-// simulator) and cmd/shardkeeper-worker/sinkguard.go (the reference sink's
-// write guard). A mutated build exists only here: nothing at run time
+// simulator), cmd/shardkeeper-worker/sinkguard.go (the reference sink's
+// write guard) and internal/natsops/mark_mutate.go (the drained-to mark's
+// exactness rule). A mutated build exists only here: nothing at run time
 // reaches a hook.
 //
 // A catch means something only if the test passes unmutated, so each
@@ -48,6 +49,7 @@ var (
 	coreHook = hook{"pkg/worker/coremutation.go", "func coreConfig(c member.Config) member.Config { return c }"}
 	pgHook   = hook{"internal/poolctl/pg_mutate.go", "var pgMutation twinMutation"}
 	sinkHook = hook{"cmd/shardkeeper-worker/sinkguard.go", "const sinkGuard = worker.GuardSQL"}
+	markHook = hook{"internal/natsops/mark_mutate.go", "const markCountsPending = true"}
 )
 
 // mutation is one row of the table: the broken rule, how the tree is
@@ -96,6 +98,8 @@ var table = []mutation{
 		pkg: "./cmd/shardkeeper-worker", test: "TestSinkWritesOnlyUnderAValidClaim"},
 	{name: sim.MutHidePendingBarrier, hook: pgHook, with: "var pgMutation = twinMutation{hidePendingBarrier: true}",
 		pkg: "./pkg/worker", test: "TestPerKeyBarrierHoldsKeysMovedIntoAUnitHeldAcrossTheActivation"},
+	{name: sim.MutMarkPastPending, hook: markHook, with: "const markCountsPending = false",
+		pkg: "./internal/natsops", test: "TestMarkOfIsExactOnlyWhenThePendingRowsAreTheHeldOnes"},
 	coreMutation(member.ConfirmDuringHandoverStartsPuller, "./pkg/worker", "TestAConfirmationDuringAHandoverStartsNoPuller"),
 	coreMutation(member.ConfirmWithoutVersionCheck, "./pkg/worker", "TestALateConfirmationDoesNotBringBackAReleasedUnit"),
 	coreMutation(member.FreezeAckAcrossRejoin, "./pkg/worker", "TestAFreezeAcknowledgementReturningAfterARejoinIsSentAgain"),
