@@ -281,6 +281,45 @@ func TestPerKeyChangeOfNRecordsTheSwitchOncePublishersMovedAndLiftsByFloorOrMark
 	}
 }
 
+// Under PerKey a spec that differs from the active epoch in both N and V
+// (two updates the rollout had not taken yet; one update may not change
+// both) rolls out as two changes, V first, each under a barrier of its
+// own, and no change goes unordered.
+func TestPerKeyRollsAChangeOfNAndVAsTwoOrderedChanges(t *testing.T) {
+	f := newFleet(t, fleetInput{partitions: 1, shards: 2, assignment: topologyv1.ShardAssignmentSubjectTransform})
+	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = true })
+	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
+		if c := meta.FindStatusCondition(o.Status.Conditions, topologyv1.ConditionRolloutPaused); c == nil || c.Status != "True" || o.Status.ObservedGeneration != o.Generation {
+			return fmt.Errorf("want RolloutPaused=True at the current generation")
+		}
+		return nil
+	})
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 4 })
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 2 })
+	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = false })
+
+	waitEvent(t, f.ns, "EpochActivated", "epoch 2 (1x4) is active")
+	waitEvent(t, f.ns, "OrderBarrierLifted", "epoch 2's change of V (2 -> 4 shards)")
+	waitEvent(t, f.ns, "EpochActivated", "epoch 3 (2x4) is active")
+	st := f.waitReady(60 * time.Second)
+	if a := st.Status.ActiveEpoch; a == nil || a.Number != 3 || a.Partitions != 2 || a.ShardsPerPartition != 4 {
+		t.Fatalf("active %+v, want epoch 3 at 2x4", a)
+	}
+	if b := st.Status.OrderBarrier; b == nil || b.Epoch != 3 || b.FromPartitions != 1 || b.ToPartitions != 2 || b.Lifted != b.Predecessors {
+		t.Fatalf("order barrier %+v, want epoch 3's change of N (1 -> 2), lifted", b)
+	}
+	if evs := listEvents(t, f.ns, "OrderNotKept"); len(evs) > 0 {
+		t.Fatalf("a change went unordered: %s", evs[0].Note)
+	}
+}
+
 // heldRows are rows fetched from a unit's consumer and not acknowledged,
 // with the consumer handle that pulled them (it holds the pin).
 type heldRows struct {

@@ -142,6 +142,24 @@ func (s *scope) orderedShape(active *poolctl.Epoch, target ownership.Topology) (
 	return true, ""
 }
 
+// stepTarget is the shape the next change goes to: the spec's, except
+// under ordering PerKey when the spec differs from the active epoch in
+// both N and V (two updates before the rollout took the first): then V
+// first, at the active N, and N once that change and its barrier are
+// over. Each keeps per-key order on its own; both at once would not.
+func (s *scope) stepTarget() ownership.Topology {
+	t := s.target()
+	a := s.snap.Active
+	if a == nil || s.topo.Spec.Rollout.Ordering != topologyv1.OrderingPerKey ||
+		s.topo.Spec.NATS.ShardAssignment != topologyv1.ShardAssignmentSubjectTransform {
+		return t
+	}
+	if a.Partitions != t.Partitions && a.Shards != t.Shards {
+		t.Partitions = a.Partitions
+	}
+	return t
+}
+
 // pendingHasBarrier reports whether the snapshot that shows w.pending
 // shows its barrier (read in the same statement).
 func (s *scope) pendingHasBarrier(w *changeWorld) bool {

@@ -57,7 +57,9 @@ const (
 
 // changeWorld is what the rules decide on.
 type changeWorld struct {
-	target  ownership.Topology
+	// target is the shape the next change goes to: final, the spec's,
+	// or on the way to it (scope.stepTarget).
+	target, final ownership.Topology
 	active  *poolctl.Epoch
 	pending *poolctl.Epoch
 	live    []poolctl.Member
@@ -262,7 +264,7 @@ type changeReport struct {
 
 // rollOutTopology runs the row of changeRules that applies now.
 func rollOutTopology(ctx context.Context, r *ShardTopologyReconciler, s *scope) (ctrl.Result, error) {
-	if a := s.snap.Active; a != nil && s.snap.Pending == nil && epochTopology(a) != s.target() {
+	if a := s.snap.Active; a != nil && s.snap.Pending == nil && epochTopology(a) != s.stepTarget() {
 		next, err := nextEpochNumber(ctx, s.reg, s.registryKey())
 		if err != nil {
 			return ctrl.Result{}, fmt.Errorf("read the next epoch's number: %w", err)
@@ -284,7 +286,8 @@ func rollOutTopology(ctx context.Context, r *ShardTopologyReconciler, s *scope) 
 // changeWorld gathers the rules' inputs from the scope.
 func (s *scope) changeWorld() *changeWorld {
 	w := &changeWorld{
-		target:     s.target(),
+		target:     s.stepTarget(),
+		final:      s.target(),
 		active:     s.snap.Active,
 		pending:    s.snap.Pending,
 		live:       s.snap.LiveMembers(),
@@ -383,6 +386,9 @@ func describeChange(w *changeWorld) string {
 	to := w.target.String()
 	if w.pending != nil {
 		to = fmt.Sprintf("epoch %d (%s)", w.pending.Number, epochTopology(w.pending))
+	}
+	if w.final != w.target {
+		to += fmt.Sprintf(", then %s (ordering PerKey changes V and N one at a time)", w.final)
 	}
 	if w.active == nil {
 		return "the first epoch " + to
