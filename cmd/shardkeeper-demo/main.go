@@ -9,9 +9,12 @@
 // With --ordering PerKey it publishes keyed rows through the subject
 // transform, leaves a backlog in the old units (slowed sinks) and shows
 // the order barrier holding moved keys until their old units drained;
-// the checker then judges per-key order too.
+// the checker then judges per-key order too. --to-partitions changes N
+// instead of V (the keyed publisher then follows the active epoch and
+// acknowledges it, as a change of N's barrier needs).
 //
-// Run it with `make demo` (`make demo DEMO_ARGS='--ordering PerKey'`).
+// Run it with `make demo` (`make demo DEMO_ARGS='--ordering PerKey'`,
+// `make demo DEMO_ARGS='--ordering PerKey --to-partitions 6'`).
 package main
 
 import (
@@ -32,16 +35,19 @@ import (
 // options are the demo's flags.
 type options struct {
 	toShards int
-	ordering topologyv1.Ordering
+	// toPartitions, when set, is the N the demo changes to instead of V.
+	toPartitions int
+	ordering     topologyv1.Ordering
 }
 
 func main() {
 	verbose := flag.Bool("v", false, "show the operator's logs")
 	timeout := flag.Duration("timeout", 10*time.Minute, "give up after this long")
 	toShards := flag.Int("to-shards", 16, "V to change the sample to")
+	toPartitions := flag.Int("to-partitions", 0, "N to change the sample to instead of V (0: change V)")
 	ordering := flag.String("ordering", string(topologyv1.OrderingNone), "spec.rollout.ordering of the demo's topology: None or PerKey (PerKey also sets spec.nats.shardAssignment SubjectTransform and publishes keyed rows)")
 	flag.Parse()
-	opts := options{toShards: *toShards, ordering: topologyv1.Ordering(*ordering)}
+	opts := options{toShards: *toShards, toPartitions: *toPartitions, ordering: topologyv1.Ordering(*ordering)}
 	if opts.ordering != topologyv1.OrderingNone && opts.ordering != topologyv1.OrderingPerKey {
 		fmt.Fprintf(os.Stderr, "--ordering %q: must be %s or %s\n", *ordering, topologyv1.OrderingNone, topologyv1.OrderingPerKey)
 		os.Exit(2)

@@ -65,24 +65,36 @@ func runScenario(ctx context.Context, p *parts, o options) error {
 	}
 
 	from := ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: int(topo.Spec.ShardsPerPartition)}
+	to := ownership.Topology{Partitions: from.Partitions, Shards: o.toShards}
+	if o.toPartitions > 0 {
+		to = ownership.Topology{Partitions: o.toPartitions, Shards: from.Shards}
+	}
 	pub, err := startPublisher(p, topo, from, perKey)
 	if err != nil {
 		return err
 	}
 	if perKey {
-		say("keyed rows through the subject transform; slowing every sink to %s a row and publishing %d rows at once, so the old units still hold a backlog when the new V is activated", barrierSinkDelay, barrierBurst)
+		// A keyed publisher picks each key's partition: it follows the
+		// active epoch and acknowledges it, which a change of N's order
+		// barrier waits for.
+		pub.follow(ctx, p, key)
+		say("keyed rows through the subject transform; slowing every sink to %s a row and publishing %d rows at once, so the old units still hold a backlog when the new shape is activated", barrierSinkDelay, barrierBurst)
 		if err := os.WriteFile(p.sinkDelayFile(), []byte(barrierSinkDelay.String()), 0o644); err != nil {
 			return err
 		}
 		pub.burst(barrierBurst)
 	}
-	say("publishing rows with unique ids; changing shardsPerPartition %d -> %d", topo.Spec.ShardsPerPartition, o.toShards)
 	if err := p.k.Get(ctx, key, topo); err != nil {
 		return err
 	}
-	topo.Spec.ShardsPerPartition = int32(o.toShards)
+	if to.Partitions != from.Partitions {
+		say("publishing rows with unique ids; changing partitions %d -> %d", from.Partitions, to.Partitions)
+	} else {
+		say("publishing rows with unique ids; changing shardsPerPartition %d -> %d", from.Shards, to.Shards)
+	}
+	topo.Spec.Partitions, topo.Spec.ShardsPerPartition = int32(to.Partitions), int32(to.Shards)
 	if err := p.k.Update(ctx, topo); err != nil {
-		return wrap("change V", err)
+		return wrap("change "+to.String(), err)
 	}
 	final, err := watchUntilReady(ctx, p, key)
 	if err != nil {
@@ -94,7 +106,7 @@ func runScenario(ctx context.Context, p *parts, o options) error {
 			return err
 		}
 	}
-	pub.setTopology(ownership.Topology{Partitions: int(topo.Spec.Partitions), Shards: o.toShards})
+	pub.setTopology(to)
 	time.Sleep(time.Second) // a few rows to the new units too
 	rows := pub.stop()
 	say("rollout done; checking that every published row reached the workers' sink")
@@ -233,9 +245,22 @@ type publisher struct {
 	rows  []publishedRow
 	seqs  map[string]int64
 	more  int // rows to publish without waiting (a burst)
-	nc    *nats.Conn
-	quit  chan struct{}
-	done  chan struct{}
+	// next is the active epoch follow saw last and the publishing
+	// goroutine has not moved to yet.
+	next *activeShape
+	nc   *nats.Conn
+	quit chan struct{}
+	done chan struct{}
+	// epoch is the epoch the publisher acknowledged, ackedAt when: the
+	// publishing goroutine's alone.
+	epoch   int64
+	ackedAt time.Time
+}
+
+// activeShape is an active epoch as status shows it.
+type activeShape struct {
+	number int64
+	topo   ownership.Topology
 }
 
 // publishedRow is a row the stream acknowledged, with its key and the
@@ -276,10 +301,60 @@ func startPublisher(p *parts, st *topologyv1.ShardTopology, topo ownership.Topol
 				case <-time.After(10 * time.Millisecond):
 				}
 			}
+			pub.acknowledge(js)
 			pub.publishOne(js, n)
 		}
 	}()
 	return pub, nil
+}
+
+// follow reads status.activeEpoch every 100ms and hands each new one to
+// the publishing goroutine, as a publisher that watches the topology does.
+func (pub *publisher) follow(ctx context.Context, p *parts, key client.ObjectKey) {
+	go func() {
+		var seen int64
+		for {
+			t := &topologyv1.ShardTopology{}
+			if err := p.k.Get(ctx, key, t); err == nil {
+				if a := t.Status.ActiveEpoch; a != nil && a.Number != seen {
+					seen = a.Number
+					pub.mu.Lock()
+					pub.next = &activeShape{number: a.Number, topo: ownership.Topology{Partitions: int(a.Partitions), Shards: int(a.ShardsPerPartition)}}
+					pub.mu.Unlock()
+				}
+			}
+			select {
+			case <-pub.quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+// acknowledge moves the publisher to the active epoch follow saw, and
+// acknowledges it (pkg/publish.Acknowledge) then and every
+// PublisherTTL/3. It runs in the publishing goroutine between two rows,
+// so every row published under the older epoch has its stream ack.
+func (pub *publisher) acknowledge(js jetstream.JetStream) {
+	pub.mu.Lock()
+	next := pub.next
+	pub.next = nil
+	pub.mu.Unlock()
+	if next != nil {
+		pub.setTopology(next.topo)
+		pub.epoch, pub.ackedAt = next.number, time.Time{} // due now
+	}
+	if pub.epoch == 0 || time.Since(pub.ackedAt) < publish.PublisherTTL/3 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := publish.Acknowledge(ctx, js, pub.addr.Prefix, "demo", pub.epoch); err == nil {
+		pub.ackedAt = time.Now()
+	}
 }
 
 // publishOne publishes the n-th row and records it once the stream
