@@ -309,11 +309,9 @@ func (f *fleet) publishKeys(p, n int) {
 	}
 }
 
-// pending is how many rows wait, never delivered, in unit p.s's consumer.
-func (f *fleet) pending(p, s int) uint64 {
+// unitConsumer looks up unit p.s's consumer.
+func (f *fleet) unitConsumer(ctx context.Context, p, s int) jetstream.Consumer {
 	f.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	js, err := jetstream.New(f.nc)
 	if err != nil {
 		f.t.Fatal(err)
@@ -322,7 +320,15 @@ func (f *fleet) pending(p, s int) uint64 {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return cons.CachedInfo().NumPending
+	return cons
+}
+
+// pending is how many rows wait, never delivered, in unit p.s's consumer.
+func (f *fleet) pending(p, s int) uint64 {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return f.unitConsumer(ctx, p, s).CachedInfo().NumPending
 }
 
 // drain pulls and acknowledges every row of unit p.s's consumer, as the
@@ -331,14 +337,13 @@ func (f *fleet) drain(p, s int) int {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	js, err := jetstream.New(f.nc)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cons, err := js.Consumer(ctx, fmt.Sprintf("SHARDKEEPER_INGEST_%d", p), fmt.Sprintf("ingest_%d_%d", p, s))
-	if err != nil {
-		f.t.Fatal(err)
-	}
+	return f.drainConsumer(ctx, f.unitConsumer(ctx, p, s))
+}
+
+// drainConsumer pulls and acknowledges through cons until a pull brings
+// nothing, and returns how many rows it acknowledged.
+func (f *fleet) drainConsumer(ctx context.Context, cons jetstream.Consumer) int {
+	f.t.Helper()
 	n := 0
 	for {
 		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))

@@ -18,6 +18,25 @@ import (
 	"github.com/shardkeeper/shardkeeper/pkg/publish"
 )
 
+// startPerKeyFleet starts the operator on a topology of partitions x shards
+// under SubjectTransform with ordering PerKey (tweaked by tweak, when
+// given), with a sim worker that claims every unit but delivers nothing,
+// and waits for Ready.
+func startPerKeyFleet(t *testing.T, partitions, shards int32, tweak func(*topologyv1.ShardTopology)) *fleet {
+	t.Helper()
+	f := newFleet(t, fleetInput{partitions: partitions, shards: shards, assignment: topologyv1.ShardAssignmentSubjectTransform})
+	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+	if tweak != nil {
+		tweak(f.topo)
+	}
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+	return f
+}
+
 // A change of V under spec.rollout.ordering PerKey (issue 24): the
 // operator writes the barrier before activating, records the stream's
 // switch once the transform moved, shows the new units waiting for their
@@ -26,13 +45,7 @@ import (
 // rolls that one (16 -> 12: old shards feed new ones by residue mod 4, not
 // by halves) under a barrier of its own.
 func TestPerKeyChangeOfVLiftsEachOldUnitOnceDrainedToTheSwitch(t *testing.T) {
-	f := newFleet(t, fleetInput{partitions: 1, shards: 8, assignment: topologyv1.ShardAssignmentSubjectTransform})
-	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
-	f.withStatefulSet(0, "w")
-	startOperator(t, f.ns)
-	f.create()
-	startSimWorker(t, f.reg, f.key(), "a", false)
-	f.waitReady(60 * time.Second)
+	f := startPerKeyFleet(t, 1, 8, nil)
 
 	// A backlog in every old unit (nobody pulls: the sim worker claims
 	// but does not deliver).
@@ -153,15 +166,8 @@ func TestPerKeyChangeOfVLiftsEachOldUnitOnceDrainedToTheSwitch(t *testing.T) {
 // rows of keys moving in can make them) is named in status.
 func TestPerKeyChangeOfNRecordsTheSwitchOncePublishersMovedAndLiftsByFloorOrMark(t *testing.T) {
 	ctx := context.Background()
-	f := newFleet(t, fleetInput{partitions: 2, shards: 2, assignment: topologyv1.ShardAssignmentSubjectTransform})
-	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
 	const ackLimit = 100
-	f.topo.Spec.NATS.MaxAckPending = ackLimit
-	f.withStatefulSet(0, "w")
-	startOperator(t, f.ns)
-	f.create()
-	startSimWorker(t, f.reg, f.key(), "a", false)
-	f.waitReady(60 * time.Second)
+	f := startPerKeyFleet(t, 2, 2, func(o *topologyv1.ShardTopology) { o.Spec.NATS.MaxAckPending = ackLimit })
 
 	js, err := jetstream.New(f.nc)
 	if err != nil {
@@ -286,13 +292,7 @@ func TestPerKeyChangeOfNRecordsTheSwitchOncePublishersMovedAndLiftsByFloorOrMark
 // both) rolls out as two changes, V first, each under a barrier of its
 // own, and no change goes unordered.
 func TestPerKeyRollsAChangeOfNAndVAsTwoOrderedChanges(t *testing.T) {
-	f := newFleet(t, fleetInput{partitions: 1, shards: 2, assignment: topologyv1.ShardAssignmentSubjectTransform})
-	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
-	f.withStatefulSet(0, "w")
-	startOperator(t, f.ns)
-	f.create()
-	startSimWorker(t, f.reg, f.key(), "a", false)
-	f.waitReady(60 * time.Second)
+	f := startPerKeyFleet(t, 1, 2, nil)
 
 	f.update(func(o *topologyv1.ShardTopology) { o.Spec.Rollout.Paused = true })
 	f.waitStatus(20*time.Second, func(o *topologyv1.ShardTopology) error {
@@ -334,17 +334,9 @@ func (f *fleet) holdUnacknowledged(p, s, n int) *heldRows {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	js, err := jetstream.New(f.nc)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cons, err := js.Consumer(ctx, fmt.Sprintf("SHARDKEEPER_INGEST_%d", p), fmt.Sprintf("ingest_%d_%d", p, s))
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	h := &heldRows{f: f, cons: cons}
+	h := &heldRows{f: f, cons: f.unitConsumer(ctx, p, s)}
 	for len(h.msgs) < n && ctx.Err() == nil {
-		batch, err := cons.Fetch(n-len(h.msgs), jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+		batch, err := h.cons.Fetch(n-len(h.msgs), jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
 		if err != nil {
 			f.t.Fatal(err)
 		}
@@ -369,20 +361,5 @@ func (h *heldRows) ackAll() {
 			h.f.t.Fatal(err)
 		}
 	}
-	for {
-		batch, err := h.cons.Fetch(100, jetstream.FetchMaxWait(time.Second), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
-		if err != nil {
-			h.f.t.Fatal(err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			if err := m.DoubleAck(ctx); err != nil {
-				h.f.t.Fatal(err)
-			}
-			got++
-		}
-		if got == 0 {
-			return
-		}
-	}
+	h.f.drainConsumer(ctx, h.cons)
 }
