@@ -410,47 +410,66 @@ func TestStrandedRowsShowInStatusAndMetric(t *testing.T) {
 	waitEvent(t, f.ns, "RowsStranded", "3 rows")
 }
 
-// Under Publisher assignment the units a change removed are retired only
-// once every publisher acknowledged the active epoch: a publisher still on
-// the old epoch may send rows to them. Before, Retire deleted the drained
-// consumers at once, and the old epoch's publishers stranded their rows.
+// The units a change removed are retired only once every publisher
+// acknowledged the active epoch when a publisher still on the old epoch
+// may send rows to them: under Publisher assignment any such unit, under
+// SubjectTransform the units of partitions a change of N removed (the
+// publisher picks the partition, the stream's transform the shard).
+// Before, Retire deleted the drained consumers at once, and the old
+// epoch's publishers stranded their rows.
 // checks P3
 func TestRetireWaitsForPublishersToAcknowledgeTheActiveEpoch(t *testing.T) {
-	f := newFleet(t, fleetInput{partitions: 1, shards: 2})
-	f.withStatefulSet(0, "w")
-	startOperator(t, f.ns)
-	f.create()
-	startSimWorker(t, f.reg, f.key(), "a", false)
-	f.waitReady(60 * time.Second)
-	js, err := jetstream.New(f.nc)
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name           string
+		in             fleetInput
+		change         func(*topologyv1.ShardTopology)
+		stream, leaves string
+		kept           []string
+	}{
+		{"Publisher assignment, V 2 -> 1", fleetInput{partitions: 1, shards: 2},
+			func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 1 }, "SHARDKEEPER_INGEST_0", "ingest_0_1", []string{"ingest_0_0"}},
+		{"SubjectTransform, N 2 -> 1", fleetInput{partitions: 2, shards: 1, assignment: topologyv1.ShardAssignmentSubjectTransform},
+			func(o *topologyv1.ShardTopology) { o.Spec.Partitions = 1 }, "SHARDKEEPER_INGEST_1", "ingest_1_0", nil},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := publish.Acknowledge(ctx, js, "shardkeeper", "orders-api", 1); err != nil {
-		t.Fatal(err)
-	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFleet(t, tt.in)
+			f.withStatefulSet(0, "w")
+			startOperator(t, f.ns)
+			f.create()
+			startSimWorker(t, f.reg, f.key(), "a", false)
+			f.waitReady(60 * time.Second)
+			js, err := jetstream.New(f.nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			if err := publish.Acknowledge(ctx, js, "shardkeeper", "orders-api", 1); err != nil {
+				t.Fatal(err)
+			}
 
-	f.update(func(o *topologyv1.ShardTopology) { o.Spec.ShardsPerPartition = 1 })
-	f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
-		if r := o.Status.Rollout; r == nil || r.Step != topologyv1.StepRetire || !strings.Contains(r.Message, "still on an older epoch: orders-api (epoch 1)") {
-			return errors.New("not waiting at Retire for publisher orders-api")
-		}
-		return nil
-	})
-	consistently(t, 3*time.Second, func() error {
-		if names := f.consumerNames("SHARDKEEPER_INGEST_0"); !slices.Contains(names, "ingest_0_1") {
-			return fmt.Errorf("the leaving unit's consumer was retired while publisher orders-api publishes to epoch 1: %v", names)
-		}
-		return nil
-	})
+			f.update(tt.change)
+			f.waitStatus(60*time.Second, func(o *topologyv1.ShardTopology) error {
+				if r := o.Status.Rollout; r == nil || r.Step != topologyv1.StepRetire || !strings.Contains(r.Message, "still on an older epoch: orders-api (epoch 1)") {
+					return errors.New("not waiting at Retire for publisher orders-api")
+				}
+				return nil
+			})
+			consistently(t, 3*time.Second, func() error {
+				if names := f.consumerNames(tt.stream); !slices.Contains(names, tt.leaves) {
+					return fmt.Errorf("the leaving unit's consumer was retired while publisher orders-api publishes to epoch 1: %v", names)
+				}
+				return nil
+			})
 
-	if err := publish.Acknowledge(ctx, js, "shardkeeper", "orders-api", 2); err != nil {
-		t.Fatal(err)
-	}
-	f.waitReady(60 * time.Second)
-	if names := f.consumerNames("SHARDKEEPER_INGEST_0"); !slices.Equal(names, []string{"ingest_0_0"}) {
-		t.Fatalf("consumers %v after the publisher moved, want only ingest_0_0", names)
+			if err := publish.Acknowledge(ctx, js, "shardkeeper", "orders-api", 2); err != nil {
+				t.Fatal(err)
+			}
+			f.waitReady(60 * time.Second)
+			if names := f.consumerNames(tt.stream); !slices.Equal(names, tt.kept) {
+				t.Fatalf("consumers of %s %v after the publisher moved, want %v", tt.stream, names, tt.kept)
+			}
+		})
 	}
 }

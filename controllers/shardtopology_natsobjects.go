@@ -178,13 +178,16 @@ func (s *scope) countStranded(ctx context.Context, r *ShardTopologyReconciler, a
 }
 
 // publishersBehind lists the publishers (pkg/publish.Acknowledge) whose
-// latest acknowledgement names an epoch older than active, under
-// shardAssignment Publisher: until they move, they may send rows to units
-// that left, and retiring those units' consumers would strand the rows
-// (the retire step waits). Under SubjectTransform the stream routes, and
-// the transform moved at activation: nobody is waited for.
-func (s *scope) publishersBehind(ctx context.Context, active *poolctl.Epoch) ([]string, error) {
-	if s.topo.Spec.NATS.ShardAssignment == topologyv1.ShardAssignmentSubjectTransform {
+// latest acknowledgement names an epoch older than active, when one of
+// them could still send rows to a unit of retiring: until they move,
+// retiring those units' consumers would strand the rows (the retire step
+// waits). Under shardAssignment Publisher that is every unit that left.
+// Under SubjectTransform the publisher picks only the partition and the
+// stream's transform, moved at activation, the shard: only units of
+// partitions the active epoch no longer has.
+func (s *scope) publishersBehind(ctx context.Context, active *poolctl.Epoch, retiring []ownership.Unit) ([]string, error) {
+	if s.topo.Spec.NATS.ShardAssignment == topologyv1.ShardAssignmentSubjectTransform &&
+		!slices.ContainsFunc(retiring, func(u ownership.Unit) bool { return u.Partition >= active.Partitions }) {
 		return nil, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, natsOpTimeout)

@@ -671,7 +671,7 @@ func retireUnits(ctx context.Context, r *ShardTopologyReconciler, s *scope, w *c
 	if err := s.ensureActiveProvisioned(ctx, r, w); err != nil {
 		return ctrl.Result{}, err
 	}
-	if behind, err := s.publishersBehind(ctx, w.active); err != nil || len(behind) > 0 {
+	if behind, err := s.publishersBehind(ctx, w.active, w.retire); err != nil || len(behind) > 0 {
 		if err != nil {
 			return ctrl.Result{}, err
 		}
