@@ -103,6 +103,10 @@ func TestKeyOrderAcrossAChangeOfNOrV(t *testing.T) {
 		{Name: "N4->6 ordering None", From: n4, To: n6, Ordering: historycheck.OrderingNone, Backlog: 3000, MinBacklog: 1000},
 		{Name: "N4->6 ordering PerKey, old holder SIGKILLed mid-drain", From: n4, To: n6, Ordering: historycheck.OrderingPerKey, Spec: perKey,
 			Backlog: 3000, MinBacklog: 1000, KillOldHolder: true},
+		// Back down: two partitions leave, their keys move into the
+		// four that stay, and their units are retired once drained and
+		// the publisher moved.
+		{Name: "N6->4 ordering PerKey", From: n6, To: n4, Ordering: historycheck.OrderingPerKey, Spec: perKey, Backlog: 3000, MinBacklog: 1000},
 	}
 	for i, in := range cases {
 		t.Run(in.Name, func(t *testing.T) {
