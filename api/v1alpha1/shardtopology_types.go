@@ -568,14 +568,16 @@ type RolloutSpec struct {
 	// +optional
 	Approval ApprovalPolicy `json:"approval,omitempty"`
 
-	// Ordering says whether a change of shardsPerPartition keeps per-key
-	// order. None (the default) moves keys at activation. PerKey records,
-	// at activation, each partition stream's sequence at the transform
-	// switch, and a moved key's new unit holds the key's rows until every
-	// old unit that fed it acknowledged its rows up to that sequence;
-	// keys that did not move never wait. PerKey needs
-	// spec.nats.shardAssignment SubjectTransform, and refuses a change of
-	// spec.partitions (not ordered yet).
+	// Ordering says whether a change of shardsPerPartition or of
+	// partitions keeps per-key order. None (the default) moves keys at
+	// activation. PerKey records each partition stream's switch (a
+	// change of V: the sequence where the transform moved; a change of
+	// N: the stream's last row once every publisher acknowledged the new
+	// epoch), and a moved key's new unit holds the key's rows until every
+	// old unit that fed it settled its rows up to that sequence; keys
+	// that did not move never wait. PerKey needs
+	// spec.nats.shardAssignment SubjectTransform, and refuses an update
+	// that changes both partitions and shardsPerPartition.
 	// +kubebuilder:default=None
 	// +optional
 	Ordering Ordering `json:"ordering,omitempty"`
