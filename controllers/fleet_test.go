@@ -309,6 +309,23 @@ func (f *fleet) publishKeys(p, n int) {
 	}
 }
 
+// startFleet starts the operator on a fleet of in's shape (its topology
+// tweaked by tweak, when given), with a sim worker that claims every unit
+// but delivers nothing, and waits for Ready.
+func startFleet(t *testing.T, in fleetInput, tweak func(*topologyv1.ShardTopology)) *fleet {
+	t.Helper()
+	f := newFleet(t, in)
+	if tweak != nil {
+		tweak(f.topo)
+	}
+	f.withStatefulSet(0, "w")
+	startOperator(t, f.ns)
+	f.create()
+	startSimWorker(t, f.reg, f.key(), "a", false)
+	f.waitReady(60 * time.Second)
+	return f
+}
+
 // unitConsumer looks up unit p.s's consumer.
 func (f *fleet) unitConsumer(ctx context.Context, p, s int) jetstream.Consumer {
 	f.t.Helper()

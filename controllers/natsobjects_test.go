@@ -433,12 +433,7 @@ func TestRetireWaitsForPublishersToAcknowledgeTheActiveEpoch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFleet(t, tt.in)
-			f.withStatefulSet(0, "w")
-			startOperator(t, f.ns)
-			f.create()
-			startSimWorker(t, f.reg, f.key(), "a", false)
-			f.waitReady(60 * time.Second)
+			f := startFleet(t, tt.in, nil)
 			js, err := jetstream.New(f.nc)
 			if err != nil {
 				t.Fatal(err)

@@ -18,23 +18,18 @@ import (
 	"github.com/shardkeeper/shardkeeper/pkg/publish"
 )
 
-// startPerKeyFleet starts the operator on a topology of partitions x shards
+// startPerKeyFleet is startFleet for a topology of partitions x shards
 // under SubjectTransform with ordering PerKey (tweaked by tweak, when
-// given), with a sim worker that claims every unit but delivers nothing,
-// and waits for Ready.
+// given).
 func startPerKeyFleet(t *testing.T, partitions, shards int32, tweak func(*topologyv1.ShardTopology)) *fleet {
 	t.Helper()
-	f := newFleet(t, fleetInput{partitions: partitions, shards: shards, assignment: topologyv1.ShardAssignmentSubjectTransform})
-	f.topo.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
-	if tweak != nil {
-		tweak(f.topo)
-	}
-	f.withStatefulSet(0, "w")
-	startOperator(t, f.ns)
-	f.create()
-	startSimWorker(t, f.reg, f.key(), "a", false)
-	f.waitReady(60 * time.Second)
-	return f
+	return startFleet(t, fleetInput{partitions: partitions, shards: shards, assignment: topologyv1.ShardAssignmentSubjectTransform},
+		func(o *topologyv1.ShardTopology) {
+			o.Spec.Rollout.Ordering = topologyv1.OrderingPerKey
+			if tweak != nil {
+				tweak(o)
+			}
+		})
 }
 
 // A change of V under spec.rollout.ordering PerKey (issue 24): the

@@ -60,11 +60,11 @@ type changeWorld struct {
 	// target is the shape the next change goes to: final, the spec's,
 	// or on the way to it (scope.stepTarget).
 	target, final ownership.Topology
-	active  *poolctl.Epoch
-	pending *poolctl.Epoch
-	live    []poolctl.Member
-	paused  bool
-	abort   bool
+	active        *poolctl.Epoch
+	pending       *poolctl.Epoch
+	live          []poolctl.Member
+	paused        bool
+	abort         bool
 	// retire lists units of the provisioned envelope outside the active
 	// epoch: their consumers are deleted once drained.
 	retire []ownership.Unit

@@ -27,8 +27,8 @@ type msg struct {
 	// A nak or an ack_wait expiry keeps it there; an ack or a RESET takes
 	// it out.
 	pending bool
-	to         *process
-	ackBy      int64 // in flight: redelivered after this instant (ack_wait)
+	to      *process
+	ackBy   int64 // in flight: redelivered after this instant (ack_wait)
 }
 
 // consumer is one unit's durable consumer with one priority group.
