@@ -121,3 +121,23 @@ func TestTheRowThatProvisionsEverythingRunsFirstThenRoundsAlternate(t *testing.T
 		t.Errorf("row e2's baseline watches %d topologies, want %d", inBase, shapeE2.watched)
 	}
 }
+
+// Row c's pairs take turns at which side drains first, and over two
+// rounds each side goes first as often, so a drift in the machine's load
+// or the stream's state after a publish weighs on both sides alike.
+func TestRowCPairsTakeTurnsAtWhichSideDrainsFirst(t *testing.T) {
+	first := 0
+	for i := range 2 {
+		for k := range pairsPerRound {
+			if k > 0 && sdkFirst(i, k) == sdkFirst(i, k-1) {
+				t.Errorf("round %d: pairs %d and %d start with the same side", i, k-1, k)
+			}
+			if sdkFirst(i, k) {
+				first++
+			}
+		}
+	}
+	if first != pairsPerRound {
+		t.Errorf("over two rounds the SDK went first in %d of %d pairs, want half", first, 2*pairsPerRound)
+	}
+}

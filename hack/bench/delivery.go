@@ -21,16 +21,18 @@ import (
 // each receive every published row. pkg/worker (no-op handler, no history
 // recorder) drains one, and a plain nats.go pull consumer doing Fetch +
 // Ack drains the other, one after the other, both with the SDK's batch
-// size. A round is plain, SDK, SDK, plain (rows published before each
-// pair), so a drift in the load others put on this shared machine
-// cancels within it; rounds swap the twins, and the stream is purged
-// after each. A drain is 300,000 rows (3 to 5 s): at 100,000 single
-// rounds ranged 0.86 to 1.21 and 15 rounds could not settle the ratio;
-// at 300,000 they ranged 0.94 to 1.07 in a full `make bench`. A side's
-// rate is its rows over the time from its first row to its consumer's
-// ack floor reaching the last. (Side by side would not do: both sides then share the
-// server fairly and run at the same rate whatever the SDK costs.) One
-// more round's drains run under the CPU profiler to name the per-row costs.
+// size. A pair is one publish and both sides' drains of it; a round is
+// three pairs, the side that goes first taking turns, so a drift in the
+// load others put on this shared machine cancels within it, and the
+// round's ratio is the median of its pairs' (pairsPerRound says why).
+// Rounds swap the twins, and the stream is purged after each pair. A
+// drain is 300,000 rows (3 to 5 s): at 100,000 single rounds ranged 0.86
+// to 1.21 and 15 rounds could not settle the ratio. A side's rate is its
+// rows over the time from its first row to its consumer's ack floor
+// reaching the last. (Side by side would not do: both sides then share
+// the server fairly and run at the same rate whatever the SDK costs.)
+// One more pair of drains runs under the CPU profiler to name the
+// per-row costs.
 
 const (
 	defaultDeliveryRows = 300_000
@@ -65,12 +67,12 @@ func runDelivery(ctx context.Context, e *env) ([]result, error) {
 	defer f.close()
 	var plain, sdk, ratios []float64
 	for i := range e.o.rounds {
-		p, s, err := f.round(ctx, twins[i%2], twins[1-i%2])
+		p, s, q, err := f.round(ctx, i)
 		if err != nil {
 			return nil, fmt.Errorf("round %d: %w", i+1, err)
 		}
-		plain, sdk, ratios = append(plain, p), append(sdk, s), append(ratios, s/p)
-		e.say("c: round %d: plain %.0f rows/s, SDK %.0f rows/s (%.3fx)", i+1, p, s, s/p)
+		plain, sdk, ratios = append(plain, p), append(sdk, s), append(ratios, q)
+		e.say("c: round %d: plain %.0f rows/s, SDK %.0f rows/s, median pair ratio %.3fx", i+1, p, s, q)
 		if m, lo, hi, ok := ratioInterval(ratios); ok && len(ratios) >= minRounds && narrowEnough(m, lo, hi) {
 			break
 		}
@@ -149,36 +151,58 @@ func (f *deliveryFixture) consumer(ctx context.Context, t string) (jetstream.Con
 	return f.js.Consumer(ctx, l.StreamName(0), l.ConsumerDurable(0, 0))
 }
 
-// round runs plain, SDK, SDK, plain: the SDK drains twin sdkTwin, the
-// plain consumer plainTwin, each pair after one publish. It returns each
-// side's mean rate.
-func (f *deliveryFixture) round(ctx context.Context, sdkTwin, plainTwin string) (plain, sdk float64, err error) {
-	for half := range 2 {
-		if err := f.publish(ctx); err != nil {
-			return 0, 0, err
+// pairsPerRound is how many pairs of drains a round runs; the round's
+// ratio is the median of its pairs' ratios. A burst of the host's load
+// lands on one drain and moved a round's ratio by up to a fifth when a
+// round was the mean of two pairs (full run of 2026-12-06: rounds 0.804
+// and 1.113 among rounds near 0.98); the median of three leaves one such
+// pair out, and with 300,000-row drains a round costs one pair more.
+const pairsPerRound = 3
+
+// round i runs pairsPerRound pairs of drains, each after one publish:
+// the SDK drains one twin, the plain consumer the other (swapped every
+// round), the side that goes first as sdkFirst says. It returns the
+// median of each side's rates and of the pairs' ratios.
+func (f *deliveryFixture) round(ctx context.Context, i int) (plain, sdk, ratio float64, err error) {
+	var plains, sdks, ratios []float64
+	for k := range pairsPerRound {
+		p, s, err := f.pair(ctx, twins[i%2], twins[1-i%2], sdkFirst(i, k))
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("pair %d: %w", k+1, err)
 		}
-		sdkFirst := half == 1
-		for i := range 2 {
-			if (i == 0) == sdkFirst {
-				r, err := f.drain(ctx, "SDK", sdkTwin, f.startSDK)
-				if err != nil {
-					return 0, 0, fmt.Errorf("SDK: %w", err)
-				}
-				sdk += r / 2
-				continue
+		f.e.say("c:   pair %d: plain %.0f rows/s, SDK %.0f rows/s (%.3fx)", k+1, p, s, s/p)
+		plains, sdks, ratios = append(plains, p), append(sdks, s), append(ratios, s/p)
+	}
+	return medianFloat(plains), medianFloat(sdks), medianFloat(ratios), nil
+}
+
+// sdkFirst says whether pair k of round i starts with the SDK: the pairs
+// of a round take turns, and each round starts with the side the one
+// before did not, so over two rounds each side goes first as often.
+func sdkFirst(i, k int) bool { return (i+k)%2 == 1 }
+
+// pair publishes the rows, has both sides drain them (the SDK first when
+// sdkFirst) and purges the stream, so every pair starts from the same,
+// empty stream.
+func (f *deliveryFixture) pair(ctx context.Context, sdkTwin, plainTwin string, sdkFirst bool) (plain, sdk float64, err error) {
+	if err := f.publish(ctx); err != nil {
+		return 0, 0, err
+	}
+	for i := range 2 {
+		if (i == 0) == sdkFirst {
+			if sdk, err = f.drain(ctx, "SDK", sdkTwin, f.startSDK); err != nil {
+				return 0, 0, fmt.Errorf("SDK: %w", err)
 			}
-			r, err := f.drain(ctx, "plain", plainTwin, f.startPlain)
-			if err != nil {
-				return 0, 0, fmt.Errorf("plain: %w", err)
-			}
-			plain += r / 2
+			continue
+		}
+		if plain, err = f.drain(ctx, "plain", plainTwin, f.startPlain); err != nil {
+			return 0, 0, fmt.Errorf("plain: %w", err)
 		}
 	}
 	return plain, sdk, f.purge(ctx)
 }
 
-// purge empties the twins' stream once both drained it, so every round
-// starts from the same, empty stream.
+// purge empties the twins' stream once both drained it.
 func (f *deliveryFixture) purge(ctx context.Context) error {
 	s, err := f.js.Stream(ctx, twinLayout(twins[0]).StreamName(0))
 	if err != nil {
@@ -424,10 +448,10 @@ func deliveryResult(plain, sdk, ratios []float64, maxRounds, rows int, prof, pla
 		r.notes = append(r.notes, fmt.Sprintf("the interval [%.3f, %.3f] is still wider than +/-%.0f%% after %d rounds: the machine's load varied more than the SDK's cost",
 			lo, hi, intervalGoal*100, len(ratios)))
 	}
-	r.notes = append(r.notes, fmt.Sprintf("each side drains %d rows of %d bytes, twice per round (plain, SDK, SDK, plain), from twin R1 consumers of one stream (pinned priority group), batch %d, one nats-server process; twins swapped every round",
-		rows, payloadBytes, deliveryBatch))
+	r.notes = append(r.notes, fmt.Sprintf("each side drains %d rows of %d bytes %d times per round, in pairs after one publish (the side that goes first alternates), from twin R1 consumers of one stream (pinned priority group), batch %d, one nats-server process; twins swapped every round; a round's ratio is the median of its pairs' ratios",
+		rows, payloadBytes, pairsPerRound, deliveryBatch))
 	for i := range ratios {
-		r.notes = append(r.notes, fmt.Sprintf("round %d: plain %.0f rows/s, SDK %.0f rows/s, ratio %.3f", i+1, plain[i], sdk[i], ratios[i]))
+		r.notes = append(r.notes, fmt.Sprintf("round %d: plain %.0f rows/s, SDK %.0f rows/s (medians of its pairs), ratio %.3f (median of its pairs')", i+1, plain[i], sdk[i], ratios[i]))
 	}
 	r.notes = append(r.notes, "this process's CPU in an extra round's SDK drain under the profiler, delivery only (go tool pprof -top):")
 	for _, l := range prof.top(20) {

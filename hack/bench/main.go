@@ -46,7 +46,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.rows, "rows", "a,b,c,d,d2,e,e2", "rows to run, comma separated")
 	flag.IntVar(&o.rounds, "rounds", len(t975)+1, "row c: at most this many alternating rounds (it stops earlier once the ratio's 95% interval is within +/-3%; at most 15)")
-	flag.IntVar(&o.deliveryRows, "delivery-rows", defaultDeliveryRows, "row c: rows each side drains per drain (four drains a round)")
+	flag.IntVar(&o.deliveryRows, "delivery-rows", defaultDeliveryRows, "row c: rows each side drains per drain (three pairs of drains a round)")
 	flag.StringVar(&o.profiles, "profiles", "", "directory for CPU profiles (default: a temporary directory, kept)")
 	flag.BoolVar(&o.verbose, "v", false, "log progress in detail")
 	flag.Parse()
