@@ -182,14 +182,14 @@ func (f *deliveryFixture) round(ctx context.Context, i int) (plain, sdk, ratio f
 func sdkFirst(i, k int) bool { return (i+k)%2 == 1 }
 
 // pair publishes the rows, has both sides drain them (the SDK first when
-// sdkFirst) and purges the stream, so every pair starts from the same,
+// sdkGoesFirst) and purges the stream, so every pair starts from the same,
 // empty stream.
-func (f *deliveryFixture) pair(ctx context.Context, sdkTwin, plainTwin string, sdkFirst bool) (plain, sdk float64, err error) {
+func (f *deliveryFixture) pair(ctx context.Context, sdkTwin, plainTwin string, sdkGoesFirst bool) (plain, sdk float64, err error) {
 	if err := f.publish(ctx); err != nil {
 		return 0, 0, err
 	}
 	for i := range 2 {
-		if (i == 0) == sdkFirst {
+		if (i == 0) == sdkGoesFirst {
 			if sdk, err = f.drain(ctx, "SDK", sdkTwin, f.startSDK); err != nil {
 				return 0, 0, fmt.Errorf("SDK: %w", err)
 			}
