@@ -214,3 +214,55 @@ func TestASlowHandlersUnitReportsPullProgressWithinTheStallBound(t *testing.T) {
 		t.Fatalf("a report said the pull last progressed %s before it, not within the stall bound %s: the operator would call a slow but moving unit stalled", worst, bound)
 	}
 }
+
+// A quiet unit is not a stalled one: an idle pull completes only when its
+// wait runs out, so a FetchWait near or above the operator's stall bound
+// (three renew intervals) made every unit without traffic look stalled,
+// and Ready never came (a change of V 32 -> 48 under CI load, with 1 s
+// pulls against a 1.2 s bound, stalled 4 to 43 units of 192 for five
+// minutes). The worker asked for pulls of 2.5 times the bound here; the
+// reports sampled over longer than that wait must show pulls completing
+// within the bound. The fault took effect: the option's wait exceeds the
+// bound and the sampling spans more than one such wait.
+func TestAnIdleUnitReportsPullProgressWithinTheStallBound(t *testing.T) {
+	f := fleettest.Start(t, fleettest.Options{Partitions: 1, Shards: 1})
+	ctx := context.Background()
+	bound := 3 * f.Opts.Params.RenewInterval
+	wait := bound * 5 / 2
+	idle := func(context.Context, worker.Row) worker.Settlement { return worker.Ack }
+	a := startSDK(t, f, "a", idle, func(o *worker.Options) { o.FetchWait = wait })
+	waitHolding(t, a, 30*time.Second, "0.0")
+
+	var first, last time.Time
+	var worst time.Duration
+	fleettest.Eventually(t, time.Minute, func() error {
+		acts, err := f.Registry.Activity(ctx, f.Topology)
+		if err != nil {
+			return err
+		}
+		for _, r := range acts {
+			if r.Unit != "0.0" || r.Member != "a" || r.LastFetch.IsZero() {
+				continue
+			}
+			if first.IsZero() {
+				first = r.ReportedAt
+			}
+			last = r.ReportedAt
+			worst = max(worst, r.ReportedAt.Sub(r.LastFetch))
+		}
+		if span := last.Sub(first); span < wait+bound {
+			return fmt.Errorf("reports sampled over %s, want %s", span, wait+bound)
+		}
+		return nil
+	})
+	var pulls int
+	for _, r := range a.records(history.KindFetch, "0.0") {
+		if r.Rows == 0 {
+			pulls++
+		}
+	}
+	t.Logf("%d empty pulls; reports over %s say the last pull completed at most %s before (FetchWait %s, stall bound %s)", pulls, last.Sub(first), worst, wait, bound)
+	if worst >= bound {
+		t.Fatalf("a report said the idle unit's pull last completed %s before it, not within the stall bound %s: the operator would call a quiet unit stalled", worst, bound)
+	}
+}

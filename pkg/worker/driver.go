@@ -117,6 +117,15 @@ func (w *Worker) configure(c member.Configure) {
 	if c.Params.QueryBound > 0 {
 		w.queryBound.Store(int64(c.Params.QueryBound))
 	}
+	// An idle unit's pull completes only when its wait runs out, and the
+	// operator calls a unit whose pulls complete none for three renew
+	// intervals stalled: with a wait near or above that, every quiet
+	// unit looked stalled.
+	wait := w.opts.FetchWait
+	if ri := c.Params.RenewInterval; ri > 0 {
+		wait = min(wait, ri)
+	}
+	w.fetchWait.Store(int64(wait))
 	s := c.Params.Worker
 	if s.DrainTimeout > 0 {
 		w.drain.Store(int64(s.DrainTimeout))

@@ -42,7 +42,10 @@ type Options struct {
 	// FetchBatch is how many rows one pull asks for (default 64).
 	FetchBatch int
 	// FetchWait bounds one pull (default 1s). Shorter makes handovers
-	// start sooner; longer means fewer requests on idle units.
+	// start sooner; longer means fewer requests on idle units. It is
+	// capped at the registry's renew interval: the operator tells a quiet
+	// unit from a stalled one by its pulls completing (an idle pull
+	// completes when its wait runs out) within three renew intervals.
 	FetchWait time.Duration
 	// DrainTimeout bounds how long a handover waits for delivered rows to
 	// settle; rows still unsettled then are nak'd for the next owner. The

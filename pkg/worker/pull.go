@@ -319,7 +319,7 @@ func (p *puller) mayDeliver() bool {
 func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 	start := history.Now()
 	batch, err := cons.Fetch(p.w.opts.FetchBatch,
-		jetstream.FetchMaxWait(p.w.opts.FetchWait), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
+		jetstream.FetchMaxWait(time.Duration(p.w.fetchWait.Load())), jetstream.FetchPriorityGroup(natsops.PriorityGroup))
 	if err != nil {
 		return err
 	}
@@ -336,7 +336,7 @@ func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 		p.pending.Store(0)
 	}
 	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
-	// A pull that brought nothing took FetchWait and is reported at once
+	// A pull that brought nothing took its whole wait and is reported at once
 	// (with any rows not yet reported); rows are reported at most every
 	// pullProgressEvery, not after every batch: at 64 rows a batch a
 	// busy unit completed a thousand pulls a second, each an event the

@@ -43,8 +43,10 @@ type Worker struct {
 	// registry's settings arrive.
 	layout atomic.Pointer[natsops.Layout]
 	// queryBound bounds one registry call (the registry's QueryBound);
-	// drain is the registry's drain timeout (0 until it sets one).
-	queryBound, drain atomic.Int64
+	// drain is the registry's drain timeout (0 until it sets one);
+	// fetchWait bounds one pull (FetchWait, at most the registry's
+	// renew interval).
+	queryBound, drain, fetchWait atomic.Int64
 
 	// inbox carries events from calls and pullers to Run's goroutine;
 	// loopDone closes when Run stops reading it.
@@ -101,6 +103,7 @@ func New(o Options) (*Worker, error) {
 	}
 	w.layout.Store(&natsops.Layout{SubjectPrefix: opts.SubjectPrefix, ConsumerName: opts.ConsumerName})
 	w.queryBound.Store(int64(2 * time.Second))
+	w.fetchWait.Store(int64(opts.FetchWait))
 	return w, nil
 }
 
