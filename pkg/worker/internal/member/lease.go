@@ -266,11 +266,17 @@ func (c *Core) onConfirm(e ConfirmReply) {
 	switch {
 	case e.Err == nil:
 		c.succeeded()
+		// The confirmation that ends a recovery lifts the fence before
+		// it is applied: a unit it says is being handed over then goes
+		// on to its UNPIN and release. Applied while still fenced, a
+		// handover whose puller had already stopped was parked as held,
+		// and the lift started its puller again.
+		lifted := c.recovery == recoverConfirm && cl.gen == c.fenceGen && c.unfence()
 		c.applyConfirmation(cl, e.Conf)
 		c.waiting = len(e.Conf.Waiting)
 		c.needConfirm = c.unsureSince(cl.seq) || cl.seq < c.staleRelease
-		if c.recovery == recoverConfirm && cl.gen == c.fenceGen {
-			c.lift()
+		if lifted {
+			c.resumePulling()
 		}
 		c.note(NoteConfirmed, ownership.Unit{}, float64(len(e.Conf.Held)),
 			fmt.Sprintf("moved %d, handover %d, waiting %d", len(e.Conf.Moved), len(e.Conf.Handover), len(e.Conf.Waiting)))
@@ -337,22 +343,28 @@ func (c *Core) checkFence(ev Event) {
 	c.fence("lease not renewed in time")
 }
 
-// lift ends a fence after the recovery confirmed the claims.
-func (c *Core) lift() {
+// unfence ends a fence once the recovery confirmed the claims, and
+// reports whether it did: a lease that ran out while recovering is
+// renewed first.
+func (c *Core) unfence() bool {
 	c.recovery = recoverNone
 	if !c.fenced {
-		return
+		return false
 	}
 	if c.now >= c.fenceDue {
-		// The lease ran out while recovering: renew first.
 		c.recovery = recoverRenew
-		return
+		return false
 	}
 	c.fenced = false
 	c.permDirty = true
 	c.note(NoteUnfenced, ownership.Unit{}, (c.now - c.fencedAt).Seconds(), "")
-	// Pullers start once a snapshot read from now on shows the order
-	// barrier (startPuller); read it now rather than at the next tick.
+	return true
+}
+
+// resumePulling starts the pullers a fence stopped. They start once a
+// snapshot read from now on shows the order barrier (startPuller): read
+// it now rather than at the next tick.
+func (c *Core) resumePulling() {
 	c.ensurePullers()
 	c.readSnapshot()
 }

@@ -356,6 +356,47 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		// Defect 10 of issue 20, its puller already gone: the
+		// confirmation that ends a recovery says a unit is being handed
+		// over (the intent was recorded while the member was fenced),
+		// and the unit's puller stopped before that reply came. The
+		// handover goes on once the fence lifts (UNPIN, then release);
+		// no puller starts for it. It was parked as held while still
+		// fenced, and the lift started its puller again under the
+		// handed-over claim, which the member then kept for good
+		// (TestRecoveryDoesNotRestartAUnitInHandover, once a pull's wait
+		// was shorter than the recovery).
+		name: "a recovery's confirmation of a handover continues it when the puller already stopped",
+		script: func(h *harness) {
+			h.holding(1)
+			h.advance(3 * time.Second)
+			h.step(Timer{})
+			r := take[Renew](h)
+			h.advance(6 * time.Second)
+			h.step(Timer{})
+			if !h.c.fenced {
+				h.fail("not fenced at %v", h.now)
+			}
+			h.stopped("0.0")
+			h.step(RenewReply{Req: r.Req, Lease: lease(1)})
+			h.renewOK() // that renewal is old by now: another goes first
+			f := take[Fence](h)
+			h.step(FenceReply{Req: f.Req})
+			u := take[Unfence](h)
+			h.step(UnfenceReply{Req: u.Req})
+			mark := len(h.all)
+			c := take[Confirm](h)
+			h.step(ConfirmReply{Req: c.Req, Conf: poolctl.Confirmation{Held: map[string]poolctl.Token{"0.0": tok("0.0", 1)},
+				Handover: []string{"0.0"}}})
+			if h.c.fenced || h.emittedSince(mark, "StartPuller") || h.delivering("0.0", 1) {
+				h.fail("fenced=%v, or the unit being handed over got a puller or delivery after the recovery", h.c.fenced)
+			}
+			un := take[Unpin](h)
+			h.step(UnpinDone{Req: un.Req})
+			take[Release](h)
+		},
+	},
+	{
 		// The premise of pkg/worker's former real-time test "a fence
 		// during claims delays takeovers until it lifts": adoptions
 		// granted while the member is fenced get no puller (no UNPIN,
