@@ -19,6 +19,7 @@ import (
 
 	topologyv1 "github.com/shardkeeper/shardkeeper/api/v1alpha1"
 	"github.com/shardkeeper/shardkeeper/controllers"
+	"github.com/shardkeeper/shardkeeper/internal/ownership"
 	"github.com/shardkeeper/shardkeeper/internal/plugin/plugintest"
 	"github.com/shardkeeper/shardkeeper/internal/plugin/status"
 	"github.com/shardkeeper/shardkeeper/internal/poolctl"
@@ -79,11 +80,21 @@ func TestManualApprovalWaitsRefusesAStaleHashAndProceedsOnTheCurrentOne(t *testi
 	})
 
 	// A second member joins: the plan the person read is no longer the
-	// one that would run.
+	// one that would run. The current plan is read once w-1 took its
+	// share of the first epoch: every unit it takes changes the moves,
+	// and so the hash (CI read a plan of a half-taken share, and the
+	// refusal named a later one).
 	startSimWorker(t, f.reg, f.key(), "w-1", false)
 	st = f.waitStatus(30*time.Second, func(o *topologyv1.ShardTopology) error {
-		if p := o.Status.Plan; p == nil || p.Hash == stale.Hash || len(p.Pods) != 2 {
+		p := o.Status.Plan
+		if p == nil || p.Hash == stale.Hash || len(p.Pods) != 2 {
 			return fmt.Errorf("plan %+v, want a new plan over two pods", p)
+		}
+		settled := settledShares(f.snapshot())
+		for _, pod := range p.Pods {
+			if pod.Before != settled[pod.Name] {
+				return fmt.Errorf("plan's pods %+v, want them holding their settled shares %v", p.Pods, settled)
+			}
 		}
 		return nil
 	})
@@ -373,4 +384,24 @@ func TestAManualApprovalIsRecordedBeforeItsEpochIsWritten(t *testing.T) {
 		return
 	}
 	t.Fatalf("no status patch carried approvedPlanHash %s (%d patches)", hash, len(patches))
+}
+
+// settledShares is how many of the active epoch's units each placed
+// member holds once the placement settled.
+func settledShares(s poolctl.Snapshot) map[string]int32 {
+	out := map[string]int32{}
+	if s.Active == nil {
+		return out
+	}
+	var slots []ownership.Slot
+	for _, sl := range s.PlacementSlots() {
+		slots = append(slots, ownership.Slot(sl))
+	}
+	pl := ownership.Place(ownership.Topology{Partitions: s.Active.Partitions, Shards: s.Active.Shards}.Units(), slots)
+	for _, m := range s.Members {
+		if m.Live && !m.Draining && m.Slot >= 0 {
+			out[m.Name] = int32(len(pl.UnitsOf(ownership.Slot(m.Slot))))
+		}
+	}
+	return out
 }
