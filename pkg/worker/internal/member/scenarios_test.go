@@ -64,6 +64,32 @@ func renewUntil(h *harness, until time.Duration) {
 	}
 }
 
+// fencedMidRenewal holds 0.0 at epoch 1 and lets the lease lapse with a
+// renewal in flight, so the member fences; it returns that renewal.
+func fencedMidRenewal(h *harness) Renew {
+	h.holding(1)
+	h.advance(3 * time.Second)
+	h.step(Timer{})
+	r := take[Renew](h)
+	h.advance(6 * time.Second)
+	h.step(Timer{})
+	if !h.c.fenced {
+		h.fail("not fenced at %v", h.now)
+	}
+	return r
+}
+
+// recoverToConfirm answers the late renewal r and runs the recovery up
+// to its confirmation, which it leaves open.
+func recoverToConfirm(h *harness, r Renew) {
+	h.step(RenewReply{Req: r.Req, Lease: lease(1)})
+	h.renewOK() // that renewal is old by now: another goes first
+	f := take[Fence](h)
+	h.step(FenceReply{Req: f.Req})
+	u := take[Unfence](h)
+	h.step(UnfenceReply{Req: u.Req})
+}
+
 var scenarios = []scenario{
 	{
 		// Issue 20 defect 1: a confirmation read before a release must
@@ -329,22 +355,9 @@ var scenarios = []scenario{
 		// the script on a second puller while the first runs.
 		name: "a fence racing recovery never runs two pullers of one unit",
 		script: func(h *harness) {
-			h.holding(1)
-			h.advance(3 * time.Second)
-			h.step(Timer{})
-			r := take[Renew](h)
-			h.advance(6 * time.Second)
-			h.step(Timer{})
+			r := fencedMidRenewal(h)
 			take[StopPuller](h)
-			if !h.c.fenced {
-				h.fail("not fenced at %v", h.now)
-			}
-			h.step(RenewReply{Req: r.Req, Lease: lease(1)})
-			h.renewOK() // that renewal is old by now: another goes first
-			f := take[Fence](h)
-			h.step(FenceReply{Req: f.Req})
-			u := take[Unfence](h)
-			h.step(UnfenceReply{Req: u.Req})
+			recoverToConfirm(h, r)
 			mark := len(h.all)
 			h.confirm(map[string]int64{"0.0": 1})
 			if h.c.fenced || h.emittedSince(mark, "StartPuller") {
@@ -368,22 +381,9 @@ var scenarios = []scenario{
 		// was shorter than the recovery).
 		name: "a recovery's confirmation of a handover continues it when the puller already stopped",
 		script: func(h *harness) {
-			h.holding(1)
-			h.advance(3 * time.Second)
-			h.step(Timer{})
-			r := take[Renew](h)
-			h.advance(6 * time.Second)
-			h.step(Timer{})
-			if !h.c.fenced {
-				h.fail("not fenced at %v", h.now)
-			}
+			r := fencedMidRenewal(h)
 			h.stopped("0.0")
-			h.step(RenewReply{Req: r.Req, Lease: lease(1)})
-			h.renewOK() // that renewal is old by now: another goes first
-			f := take[Fence](h)
-			h.step(FenceReply{Req: f.Req})
-			u := take[Unfence](h)
-			h.step(UnfenceReply{Req: u.Req})
+			recoverToConfirm(h, r)
 			mark := len(h.all)
 			c := take[Confirm](h)
 			h.step(ConfirmReply{Req: c.Req, Conf: poolctl.Confirmation{Held: map[string]poolctl.Token{"0.0": tok("0.0", 1)},
