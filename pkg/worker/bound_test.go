@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -88,6 +89,17 @@ func TestAckMetadataReadsEveryAckSubjectShape(t *testing.T) {
 			if !ok || got != tt.want {
 				t.Fatalf("ackMetadata = %+v, %v; want %+v", got, ok, tt.want)
 			}
+			// The second parse reads the tail behind the head the
+			// first one cached.
+			var acks ackSubjects
+			for i := range 2 {
+				if got, ok := acks.parse(tt.subject); !ok || got != tt.want {
+					t.Fatalf("parse %d = %+v, %v; want %+v", i+1, got, ok, tt.want)
+				}
+			}
+			if acks.head == "" || !strings.HasPrefix(tt.subject, acks.head) {
+				t.Fatalf("cached head %q is not the head of %q", acks.head, tt.subject)
+			}
 		})
 	}
 	for _, s := range []string{"", "_INBOX.x", "$JS.ACK.a.b.c", "$JS.ACK.S.C.x.1.2.3.4", "$JS.ACK.a.b.c.d.e.f.g.h.i.j",
@@ -96,5 +108,34 @@ func TestAckMetadataReadsEveryAckSubjectShape(t *testing.T) {
 		if _, ok := ackMetadata(s); ok {
 			t.Fatalf("ackMetadata(%q) accepted a subject of another shape", s)
 		}
+	}
+}
+
+// A subject that starts with the cached head but is of the other form
+// (its domain and account hash spelled like the head's stream and
+// consumer, or the other way round) is read in full, as without the
+// cache; one of another consumer replaces the head.
+func TestAckSubjectsCacheNeverChangesAnAnswer(t *testing.T) {
+	tests := []struct {
+		name, first, then string
+	}{
+		{"old head, newer subject", "$JS.ACK.S.C.1.2.3.4.5", "$JS.ACK.S.C.7.8.1.42.40.1700000000000000000.3.RANDOM"},
+		{"newer head, old subject", "$JS.ACK.D.H.1.2.1.2.3.4.5", "$JS.ACK.D.H.1.2.9.8.7"},
+		{"newer head, old subject of one token more", "$JS.ACK.D.H.1.2.1.2.3.4.5", "$JS.ACK.D.H.1.2.9.8.7.6"},
+		{"another consumer", "$JS.ACK.S.C.1.2.3.4.5", "$JS.ACK.S.D.1.9.3.4.5"},
+		{"old head, a token more", "$JS.ACK.S.C.1.2.3.4.5", "$JS.ACK.S.C.1.2.3.4.5.6"},
+		{"old head, short tail", "$JS.ACK.S.C.1.2.3.4.5", "$JS.ACK.S.C.1.2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var acks ackSubjects
+			if _, ok := acks.parse(tt.first); !ok {
+				t.Fatalf("parse(%q) refused it", tt.first)
+			}
+			want, wantOK := ackMetadata(tt.then)
+			if got, ok := acks.parse(tt.then); got != want || ok != wantOK {
+				t.Fatalf("with head %q: parse(%q) = %+v, %v; the full parse says %+v, %v", acks.head, tt.then, got, ok, want, wantOK)
+			}
+		})
 	}
 }

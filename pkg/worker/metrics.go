@@ -95,8 +95,5 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // settledCounter is rowsSettled's child for v; a value outside the
 // Settlement constants counts as abandon, as settle treats it.
 func (m *metrics) settledCounter(v Settlement) prometheus.Counter {
-	if v < Ack || v > Abandon {
-		v = Abandon
-	}
-	return m.settled[v]
+	return m.settled[v.known()]
 }

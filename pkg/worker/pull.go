@@ -48,9 +48,18 @@ type puller struct {
 	// withheld counts rows neither delivered nor settled because the
 	// claim was lost or the member fenced itself.
 	withheld atomic.Int64
-	// pending is what NATS said was left in the consumer with the latest
-	// row (0 after a pull that brought none), for the lag gauge.
-	pending atomic.Int64
+	// pending is what NATS said was left in the consumer with a batch's
+	// last row (0 after a pull that brought none), for the lag gauge;
+	// lastPending is the latest row's, set once a batch (one atomic store
+	// a row fewer). Only the puller's goroutine touches lastPending.
+	pending     atomic.Int64
+	lastPending int64
+	// acks reads the rows' ack subjects; settled counts settlements by
+	// verdict not yet added to the metric (flushSettled: once a batch and
+	// with every progress report, not an atomic add a row). Only the
+	// puller's goroutine touches them.
+	acks    ackSubjects
+	settled [Abandon + 1]uint64
 
 	// failingSince is when the current run of failed lookups and pulls
 	// began (sinceStart), 0 while the last one succeeded; lastReason is
@@ -122,6 +131,7 @@ func (p *puller) run() {
 		p.endFailing()
 		p.releaseHeld()
 		p.handBackHeld()
+		p.flushSettled()
 		close(p.done)
 		p.w.post(member.PullerStopped{Unit: p.unit, Puller: p.id, Withheld: p.withheld.Load() > 0,
 			DrainTimedOut: p.abandon.Load()})
@@ -332,9 +342,13 @@ func (p *puller) fetchBatch(cons jetstream.Consumer) error {
 		// reported as they go, not only once the batch is done.
 		p.progress(1, false)
 	}
-	if rows == 0 && batch.Error() == nil {
+	switch {
+	case rows > 0:
+		p.pending.Store(p.lastPending)
+	case batch.Error() == nil:
 		p.pending.Store(0)
 	}
+	p.flushSettled()
 	p.record(history.Record{Kind: history.KindFetch, Rows: rows, Start: start, End: history.Now()})
 	// A pull that brought nothing took its whole wait and is reported at once
 	// (with any rows not yet reported); rows are reported at most every
@@ -358,6 +372,18 @@ func (p *puller) progress(rows int, now bool) {
 	if now || t-p.reportedAt >= pullProgressEvery {
 		p.w.post(member.PullerFetched{Unit: p.unit, Puller: p.id, Rows: p.unreported})
 		p.unreported, p.reportedAt = 0, t
+		p.flushSettled()
+	}
+}
+
+// flushSettled adds the settlements counted since the last flush to the
+// settled rows metric.
+func (p *puller) flushSettled() {
+	for v, n := range p.settled {
+		if n > 0 {
+			p.w.metrics.settled[v].Add(float64(n))
+			p.settled[v] = 0
+		}
 	}
 }
 
@@ -386,29 +412,33 @@ func (p *puller) fetching() bool {
 // for the next owner, as long as the claim is still ours. fetched is when
 // the pull that brought msg was sent, for the history.
 func (p *puller) handle(msg jetstream.Msg, fetched int64) {
-	row := p.row(msg)
+	var row Row
+	p.fill(&row, msg)
 	if p.abandon.Load() {
-		p.settleUnhandled(msg, row)
+		p.settleUnhandled(msg, &row)
 		return
 	}
 	if p.ctx.Err() != nil || !p.mayDeliver() {
-		p.withhold(row, p.now(), "claim lost or fenced before delivery")
+		p.withhold(&row, p.now(), "claim lost or fenced before delivery")
 		return
 	}
-	// Without a barrier and nothing held, a row costs one more pointer
-	// read (delivery overhead, make bench row c).
-	if perm := p.w.perm.Load(); len(p.held) > 0 || (perm != nil && perm.Barrier != nil) {
+	// Without a barrier and nothing held, a row costs one more field read
+	// (delivery overhead, make bench row c). The permission is the one the
+	// check above allowed the row under.
+	if perm := p.seen; len(p.held) > 0 || perm.Barrier != nil {
 		if key := rowKey(row.Subject); p.heldKeys[key] > 0 || perm.Holds(p.unit, row.StreamSeq, key) {
 			p.hold(msg, row, key, fetched)
 			return
 		}
 	}
-	p.deliver(msg, row, fetched)
+	p.deliver(msg, &row, fetched)
 }
 
 // deliver hands one row to the Handler and settles it. The caller checked
-// the claim.
-func (p *puller) deliver(msg jetstream.Msg, row Row, fetched int64) {
+// the claim. Rows go by pointer up to the Handler, which gets its own
+// copy: a Row is 136 bytes, and copying it at every call was a tenth of
+// the SDK's per-row path.
+func (p *puller) deliver(msg jetstream.Msg, row *Row, fetched int64) {
 	// Stamped after the check: Start is the instant delivery was allowed
 	// (pkg/history), so a pause between check and stamp cannot hide a
 	// delivery made after the claim moved.
@@ -420,7 +450,7 @@ func (p *puller) deliver(msg jetstream.Msg, row Row, fetched int64) {
 	if row.NumDelivered > 1 {
 		p.w.metrics.redeliveries.Inc()
 	}
-	verdict := p.w.opts.Handler(p.ctx, row)
+	verdict := p.w.opts.Handler(p.ctx, *row)
 	p.settle(msg, row, verdict)
 }
 
@@ -466,7 +496,7 @@ func (p *puller) releaseHeld() {
 		if p.heldKeys[h.key]--; p.heldKeys[h.key] == 0 {
 			delete(p.heldKeys, h.key)
 		}
-		p.deliver(h.msg, h.row, h.fetched)
+		p.deliver(h.msg, &h.row, h.fetched)
 	}
 	p.held = keep
 	p.keepHeld()
@@ -494,12 +524,12 @@ func (p *puller) keepHeld() {
 func (p *puller) handBackHeld() {
 	for _, h := range p.held {
 		if !p.mayDeliver() {
-			p.withhold(h.row, p.now(), "claim lost or fenced while the order barrier held the row")
+			p.withhold(&h.row, p.now(), "claim lost or fenced while the order barrier held the row")
 			continue
 		}
 		at := history.Now()
 		err := h.msg.Nak()
-		p.record(history.Record{Kind: history.KindNak, RowID: p.rowID(h.row), StreamSeq: h.row.StreamSeq,
+		p.record(history.Record{Kind: history.KindNak, RowID: p.rowID(&h.row), StreamSeq: h.row.StreamSeq,
 			NumDelivered: h.row.NumDelivered, Detail: errDetail(err, "held by the order barrier when the puller stopped"), Start: at, End: history.Now()})
 	}
 	p.held, p.heldKeys = nil, map[string]int{}
@@ -507,7 +537,7 @@ func (p *puller) handBackHeld() {
 
 // settleUnhandled naks a row the drain gave up on, if the claim is still
 // ours; otherwise it is withheld.
-func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
+func (p *puller) settleUnhandled(msg jetstream.Msg, row *Row) {
 	if !p.mayDeliver() {
 		p.withhold(row, history.Now(), "claim lost or fenced before the drain nak")
 		return
@@ -520,7 +550,7 @@ func (p *puller) settleUnhandled(msg jetstream.Msg, row Row) {
 }
 
 // settle applies the handler's verdict after checking the claim again.
-func (p *puller) settle(msg jetstream.Msg, row Row, verdict Settlement) {
+func (p *puller) settle(msg jetstream.Msg, row *Row, verdict Settlement) {
 	if !p.mayDeliver() {
 		p.withhold(row, p.now(), "claim lost or fenced before settling")
 		return
@@ -535,25 +565,25 @@ func (p *puller) settle(msg jetstream.Msg, row Row, verdict Settlement) {
 		p.w.log.V(1).Info("Settle failed", "unit", p.unit.String(), "settlement", verdict.String(), "error", err.Error())
 		return
 	}
-	p.w.metrics.settledCounter(verdict).Inc()
+	p.settled[verdict.known()]++
 }
 
 // withhold counts and records a row this member may no longer act on.
-func (p *puller) withhold(row Row, at int64, why string) {
+func (p *puller) withhold(row *Row, at int64, why string) {
 	p.withheld.Add(1)
 	p.w.metrics.rowsWithheld.Inc()
 	p.record(history.Record{Kind: history.KindWithheld, RowID: p.rowID(row), StreamSeq: row.StreamSeq,
 		NumDelivered: row.NumDelivered, Detail: why, Start: at})
 }
 
-// row builds the Handler's view of msg.
-func (p *puller) row(msg jetstream.Msg) Row {
-	row := Row{Unit: p.unit, Token: p.token, Subject: msg.Subject(), Data: msg.Data(), Headers: msg.Headers()}
-	if md, ok := ackMetadata(msg.Reply()); ok {
+// fill builds the Handler's view of msg in row and notes what NATS said
+// is left in the consumer.
+func (p *puller) fill(row *Row, msg jetstream.Msg) {
+	*row = Row{Unit: p.unit, Token: p.token, Subject: msg.Subject(), Data: msg.Data(), Headers: msg.Headers()}
+	if md, ok := p.acks.parse(msg.Reply()); ok {
 		row.StreamSeq, row.NumDelivered = md.streamSeq, md.delivered
-		p.pending.Store(int64(md.pending))
+		p.lastPending = int64(md.pending)
 	}
-	return row
 }
 
 // recording reports whether a history recorder is set. Without one a row
@@ -569,11 +599,11 @@ func (p *puller) now() int64 {
 }
 
 // rowID names row in the history; it costs nothing without a recorder.
-func (p *puller) rowID(row Row) string {
+func (p *puller) rowID(row *Row) string {
 	if p.w.opts.History == nil {
 		return ""
 	}
-	return p.w.opts.RowID(row)
+	return p.w.opts.RowID(*row)
 }
 
 // record stamps rec with the puller's claim and hands it to the recorder.

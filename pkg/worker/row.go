@@ -71,6 +71,15 @@ func (s Settlement) String() string {
 	}
 }
 
+// known is s, or Abandon for a value outside the Settlement constants
+// (settle leaves such a row unsettled, as it does an abandoned one).
+func (s Settlement) known() Settlement {
+	if s < Ack || s > Abandon {
+		return Abandon
+	}
+	return s
+}
+
 // settle applies s to msg.
 func settle(msg jetstream.Msg, s Settlement) error {
 	switch s {
@@ -90,64 +99,122 @@ type ackFields struct {
 	streamSeq, delivered, pending uint64
 }
 
+// ackSubjects reads one consumer's ack subjects. Every row a consumer
+// delivers shares the subject's head, up to and with the consumer's name
+// ($JS.ACK.[<domain>.<account hash>.]<stream>.<consumer>.): once a full
+// parse found it, a row whose subject starts with it has only its tail
+// parsed. Counting and hopping the head's tokens again was a third of the
+// parse (make bench row c counts every nanosecond a row costs, README).
+// Only the puller's goroutine uses it.
+type ackSubjects struct {
+	head string
+	// domains: the head is of the newer form, whose tail may carry more
+	// tokens after the pending count.
+	domains bool
+}
+
+// parse reads reply's fields; ok is false for a subject of another shape.
+// A subject that starts with the head but whose tail is not a tail of the
+// head's form (stream and consumer names equal to another form's domain
+// and hash) goes to the full parse, so the cache never changes an answer.
+func (a *ackSubjects) parse(reply string) (ackFields, bool) {
+	if a.head != "" && strings.HasPrefix(reply, a.head) {
+		if f, ok := ackTail(reply[len(a.head):], a.domains); ok {
+			return f, true
+		}
+	}
+	f, head, domains, ok := parseAck(reply)
+	if ok {
+		a.head, a.domains = strings.Clone(reply[:head]), domains
+	}
+	return f, ok
+}
+
 // ackMetadata reads a delivered row's stream sequence, delivery count and
-// the consumer's pending count from its ack reply subject, by the same
-// token positions as nats.go's parser ($JS.ACK.<stream>.<consumer>.
-// <delivered>.<sseq>.<cseq>.<time>.<pending> from older servers,
-// $JS.ACK.<domain>.<account hash>.<stream>.... from newer ones), but
-// nothing else: Msg.Metadata also parses and allocates every other
-// field, a cost on every row that a plain consumer need not pay. ok is
-// false for a subject of another shape. It hops tokens with IndexByte and
-// parses digits by hand: strings.Cut and strconv were two thirds of its
-// 60 ns, and every nanosecond a row costs here costs several more in the
-// process's and the server's CPU (make bench row c, README).
-func ackMetadata(reply string) (f ackFields, ok bool) {
+// the consumer's pending count from its ack reply subject; ok is false
+// for a subject of another shape.
+func ackMetadata(reply string) (ackFields, bool) {
+	f, _, _, ok := parseAck(reply)
+	return f, ok
+}
+
+// parseAck reads reply by the same token positions as nats.go's parser
+// ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>
+// from older servers, $JS.ACK.<domain>.<account hash>.<stream>.... from
+// newer ones), but nothing else: Msg.Metadata also parses and allocates
+// every other field, a cost on every row that a plain consumer need not
+// pay. head is the length of the subject's head (ackSubjects), domains
+// whether it is of the newer form.
+func parseAck(reply string) (f ackFields, head int, domains, ok bool) {
 	rest, found := strings.CutPrefix(reply, "$JS.ACK.")
 	if !found {
-		return f, false
+		return f, 0, false, false
 	}
 	skip := 2 // stream, consumer
 	switch n := strings.Count(rest, ".") + 3; {
 	case n == 9:
 	case n >= 11:
-		skip = 4 // domain, account hash, stream, consumer
+		skip, domains = 4, true // domain, account hash, stream, consumer
 	default:
-		return f, false
+		return f, 0, false, false
 	}
-	// The count above guarantees skip+4 more dots.
+	// The count above guarantees skip more dots.
+	head = len(reply) - len(rest)
 	for range skip {
-		rest = rest[strings.IndexByte(rest, '.')+1:]
+		head += strings.IndexByte(reply[head:], '.') + 1
 	}
-	var tok [5]string // delivered, sseq, cseq, time, pending
-	for i := range 4 {
-		j := strings.IndexByte(rest, '.')
-		tok[i], rest = rest[:j], rest[j+1:]
-	}
-	if j := strings.IndexByte(rest, '.'); j >= 0 {
-		rest = rest[:j]
-	}
-	tok[4] = rest
-	var oks [3]bool
-	f.delivered, oks[0] = parseDecimal(tok[0])
-	f.streamSeq, oks[1] = parseDecimal(tok[1])
-	f.pending, oks[2] = parseDecimal(tok[4])
-	return f, oks[0] && oks[1] && oks[2]
+	f, ok = ackTail(reply[head:], domains)
+	return f, head, domains, ok
 }
 
-// parseDecimal parses an unsigned decimal. Up to 19 digits cannot
-// overflow a uint64 and are summed by hand; longer ones go to strconv.
-func parseDecimal(s string) (uint64, bool) {
-	if len(s) == 0 || len(s) > 19 {
-		v, err := strconv.ParseUint(s, 10, 64)
-		return v, err == nil
+// ackTail reads <delivered>.<sseq>.<cseq>.<time>.<pending>, followed by
+// more tokens only in the newer form, summing digits as it scans: token
+// slices and strconv were two thirds of the parse's 60 ns.
+func ackTail(tail string, domains bool) (f ackFields, ok bool) {
+	i := 0
+	if f.delivered, i, ok = decimalToken(tail, i); !ok {
+		return f, false
 	}
-	var v uint64
-	for i := 0; i < len(s); i++ {
+	if f.streamSeq, i, ok = decimalToken(tail, i); !ok {
+		return f, false
+	}
+	for range 2 { // cseq, time: not read
+		if i > len(tail) {
+			return f, false
+		}
+		j := strings.IndexByte(tail[i:], '.')
+		if j < 0 {
+			return f, false
+		}
+		i += j + 1
+	}
+	if f.pending, i, ok = decimalToken(tail, i); !ok {
+		return f, false
+	}
+	return f, i > len(tail) || domains
+}
+
+// decimalToken parses the unsigned decimal token of s that starts at i
+// and returns it with the index after the dot that ends it (len(s)+1 when
+// the token ends s). Up to 19 digits cannot overflow a uint64 and are
+// summed by hand; longer ones go to strconv.
+func decimalToken(s string, i int) (v uint64, next int, ok bool) {
+	start := i
+	for ; i < len(s) && s[i] != '.'; i++ {
 		c := s[i] - '0'
 		if c > 9 {
-			return 0, false
+			return 0, 0, false
 		}
 		v = v*10 + uint64(c)
 	}
-	return v, true
+	switch n := i - start; {
+	case n <= 0:
+		return 0, 0, false
+	case n > 19:
+		var err error
+		if v, err = strconv.ParseUint(s[start:i], 10, 64); err != nil {
+			return 0, 0, false
+		}
+	}
+	return v, i + 1, true
 }
