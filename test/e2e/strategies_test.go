@@ -187,6 +187,7 @@ func (*sequenced) RollPods(w *world) {
 func waitTopologyReady(w *world, topo ownership.Topology) {
 	w.t.Helper()
 	last := ""
+	var notReady readyLog
 	fleettest.Eventually(w.t, 5*time.Minute, func() error {
 		st := &topologyv1.ShardTopology{}
 		if err := w.k.Get(context.Background(), client.ObjectKey{Namespace: w.ns, Name: "ingest"}, st); err != nil {
@@ -199,6 +200,7 @@ func waitTopologyReady(w *world, topo ownership.Topology) {
 		failOnForbidden(w, st)
 		failOnMultiplyOwned(w, st)
 		ready := meta.FindStatusCondition(st.Status.Conditions, topologyv1.ConditionReady)
+		notReady.log(w, ready)
 		a := st.Status.ActiveEpoch
 		switch {
 		case st.Status.ObservedGeneration != st.Generation:
@@ -210,6 +212,26 @@ func waitTopologyReady(w *world, topo ownership.Topology) {
 		}
 		return nil
 	})
+}
+
+// readyLog logs why a topology is not Ready while a test waits for it:
+// each new reason at once, a changed message under the same reason at
+// most every 15 s. A wait that times out then shows what the units said
+// (stalled, and why) along the way, not only its last error.
+type readyLog struct {
+	reason, message string
+	at              time.Time
+}
+
+func (r *readyLog) log(w *world, ready *metav1.Condition) {
+	if ready == nil || ready.Status == metav1.ConditionTrue {
+		return
+	}
+	if ready.Reason == r.reason && (ready.Message == r.message || time.Since(r.at) < 15*time.Second) {
+		return
+	}
+	w.t.Logf("not Ready: %s: %s", ready.Reason, ready.Message)
+	r.reason, r.message, r.at = ready.Reason, ready.Message, time.Now()
 }
 
 // failOnMultiplyOwned fails the test at once when status counts a unit

@@ -271,8 +271,13 @@ func (c *Core) onConfirm(e ConfirmReply) {
 		// on to its UNPIN and release. Applied while still fenced, a
 		// handover whose puller had already stopped was parked as held,
 		// and the lift started its puller again.
-		lifted := c.recovery == recoverConfirm && cl.gen == c.fenceGen && c.unfence()
+		ends := c.recovery == recoverConfirm && cl.gen == c.fenceGen
+		fencedApply := c.cfg.mutations.on(RecoveryConfirmAppliedFenced)
+		lifted := ends && !fencedApply && c.unfence()
 		c.applyConfirmation(cl, e.Conf)
+		if ends && fencedApply {
+			lifted = c.unfence() // Mutation: applied while still fenced.
+		}
 		c.waiting = len(e.Conf.Waiting)
 		c.needConfirm = c.unsureSince(cl.seq) || cl.seq < c.staleRelease
 		if lifted {

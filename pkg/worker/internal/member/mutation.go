@@ -53,13 +53,18 @@ const (
 	// PullersBeforeBarrierRead starts pullers as soon as a fence lifts,
 	// before a registry read shows the order barrier (issue 24).
 	PullersBeforeBarrierRead Mutation = "pullers-before-barrier-read"
+	// RecoveryConfirmAppliedFenced applies the confirmation that ends a
+	// recovery before it lifts the fence, as the core did before
+	// 45510e8: a handover it reports whose puller already stopped is
+	// parked as held, and the lift starts its puller again.
+	RecoveryConfirmAppliedFenced Mutation = "recovery-confirm-applied-fenced"
 )
 
 // Mutations lists every mutation, sorted.
 func Mutations() []Mutation {
 	all := []Mutation{ConfirmWithoutVersionCheck, ConfirmDuringHandoverStartsPuller, FreezeAckAcrossRejoin,
 		LostClaimReplyGuessed, StaleIncarnationRejoinsAtOnce, StaleIncarnationGivesUp, NoLazyFenceCheck, NoSelfFence, SelfFenceAfterExpiry,
-		UnpinSkippedBeforeFirstPull, StaleConfirmationApplied, PullersBeforeBarrierRead}
+		UnpinSkippedBeforeFirstPull, StaleConfirmationApplied, PullersBeforeBarrierRead, RecoveryConfirmAppliedFenced}
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	return all
 }

@@ -379,7 +379,8 @@ var scenarios = []scenario{
 		// handed-over claim, which the member then kept for good
 		// (TestRecoveryDoesNotRestartAUnitInHandover, once a pull's wait
 		// was shorter than the recovery).
-		name: "a recovery's confirmation of a handover continues it when the puller already stopped",
+		name:   "a recovery's confirmation of a handover continues it when the puller already stopped",
+		breaks: []Mutation{RecoveryConfirmAppliedFenced},
 		script: func(h *harness) {
 			r := fencedMidRenewal(h)
 			h.stopped("0.0")

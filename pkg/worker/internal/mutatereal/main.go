@@ -125,6 +125,7 @@ var table = []mutation{
 	coreMutation(member.StaleIncarnationRejoinsAtOnce, "./pkg/worker", "TestTwoProcessesUnderOnePodNameDoNotTakeTurns"),
 	coreMutation(member.UnpinSkippedBeforeFirstPull, "./pkg/worker", "TestSigkillTakeoverReturnsInFlightRows"),
 	coreMutation(member.PullersBeforeBarrierRead, "./pkg/worker", "TestPerKeyBarrierHoldsKeysMovedIntoAUnitHeldAcrossTheActivation"),
+	coreMutation(member.RecoveryConfirmAppliedFenced, "./pkg/worker", "TestRecoveryDoesNotRestartAUnitInHandover"),
 }
 
 // outcome is one run of a test.
