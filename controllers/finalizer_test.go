@@ -59,10 +59,10 @@ func TestFinalizerRetiresDrainedConsumersKeepsRowsAndWaitsForWorkers(t *testing.
 	if n := f.streamRows(0); n != 2 {
 		t.Fatalf("stream holds %d rows, want the 2 published", n)
 	}
+	// Events reach the API server after the reconcile that recorded them
+	// (the recorder sends them from its own goroutine): wait for each.
 	for _, want := range []string{"ConsumersKept", "StreamsKept", "RegistryRowsKept", "UnitsRetired"} {
-		if len(listEvents(t, f.ns, want)) == 0 {
-			t.Errorf("no %s event", want)
-		}
+		waitEvent(t, f.ns, want, "")
 	}
 	if s := f.snapshot(); s.Active == nil || s.Reset.Allowed {
 		t.Fatalf("registry rows gone or RESET still allowed: active %+v reset %+v", s.Active, s.Reset)
@@ -122,9 +122,7 @@ func TestDeletionWithUnreachableRegistryKeepsTheFinalizerUntilOrphaned(t *testin
 		}
 		return nil
 	})
-	if len(listEvents(t, ns, "Orphaned")) == 0 {
-		t.Fatalf("no Orphaned event")
-	}
+	waitEvent(t, ns, "Orphaned", "")
 }
 
 func findCondition(o *topologyv1.ShardTopology, typ string) *metav1.Condition {

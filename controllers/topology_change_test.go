@@ -506,6 +506,14 @@ func TestOperatorRestartMidRolloutResumes(t *testing.T) {
 	if a := st.Status.ActiveEpoch; a == nil || a.Number != 2 || a.ShardsPerPartition != 4 || st.Status.Units.Owned != 4 {
 		t.Fatalf("active %+v units %+v, want epoch 2 (1x4) fully owned", a, st.Status.Units)
 	}
+	// The recorder sends Events from its own goroutine: wait for the
+	// second, then count.
+	eventually(t, 20*time.Second, func() error {
+		if n := len(listEvents(t, f.ns, "EpochActivated")); n < 2 {
+			return fmt.Errorf("%d EpochActivated events", n)
+		}
+		return nil
+	})
 	if n := len(listEvents(t, f.ns, "EpochActivated")); n != 2 {
 		t.Fatalf("%d EpochActivated events, want 2 (epochs 1 and 2)", n)
 	}
